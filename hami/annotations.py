@@ -1,0 +1,380 @@
+"""Every annotation and label key, and the codecs of HAMi's wire formats.
+
+HAMi parses its positional strings in several places and silently turns bad numbers into 0; here each
+format is parsed in exactly one function, with round-trip tests on the worked examples of
+hami-legacy-spec §1.6, and a malformed value raises `AnnotationError` naming the entry and the field.
+Encoders are byte-for-byte what HAMi writes, so vendor device plugins, HAMi-core and dashboards keep
+working against our annotations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+
+from hami.errors import AnnotationError
+from hami.model import ContainerDevice, Device
+
+# Pod annotations written by the scheduler and the device plugin (§1.4).
+ASSIGNED_NODE = "hami.io/vgpu-node"  # annotation and label
+ASSIGNED_TIME = "hami.io/vgpu-time"
+BIND_PHASE = "hami.io/bind-phase"
+BIND_TIME = "hami.io/bind-time"
+NVIDIA_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+NVIDIA_ALLOCATED = "hami.io/vgpu-devices-allocated"
+MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
+SCHEDULER_ROLE = "hami.io/scheduler-role"  # label on scheduler pods
+
+# Pod annotations set by users (§1.3).
+NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
+GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
+DEVICE_SCORING_WEIGHTS = "hami.io/device-scoring-weights"
+WEBHOOK_IGNORE = "hami.io/webhook"  # label value "ignore" on a pod or namespace
+
+# Node annotations (§1.5).
+NODE_LOCK = "hami.io/mutex.lock"
+DEVICE_CORDON = "hami.io/device-cordon"
+NVIDIA_REGISTER = "hami.io/node-nvidia-register"
+NVIDIA_HANDSHAKE = "hami.io/node-handshake"
+NVIDIA_SCORE = "hami.io/node-nvidia-score"
+
+# Separators of the pod device list (§1.6.4) and the colon registration format (§1.6.2).
+CONTAINER_SEP = ";"
+DEVICE_SEP = ":"
+FIELD_SEP = ","
+
+
+class BindPhase(str, Enum):
+    """Values of `hami.io/bind-phase` (§2.8)."""
+
+    ALLOCATING = "allocating"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pod device lists: "uuid,NVIDIA,3000,30:" per device, ";" after every container (§1.6.4).
+
+
+def encode_container_devices(devices: Sequence[ContainerDevice]) -> str:
+    """One container's devices, each ``uuid,type,usedmem,usedcores:`` (MiB, percent)."""
+    return "".join(f"{d.uuid},{d.type},{d.usedmem},{d.usedcores}{DEVICE_SEP}" for d in devices)
+
+
+def encode_pod_devices(containers: Sequence[Sequence[ContainerDevice]]) -> str:
+    """The pod device list: one ``;``-terminated entry per container, init containers first.
+
+    A container without devices is an empty entry, so ``[[], [d]]`` encodes as ``;uuid,NVIDIA,3000,30:;``.
+    """
+    return "".join(encode_container_devices(c) + CONTAINER_SEP for c in containers)
+
+
+def _int_field(value: str, *, what: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise AnnotationError(f"{what}: {value!r} is not an integer") from None
+
+
+def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDevice]:
+    """Decode one container entry (without its ``;``).
+
+    Fragments without a comma are ignored (HAMi writes none, but tolerates them); a device with fewer
+    than 4 fields, or a non-integer memory/cores field, raises AnnotationError naming the entry.
+    """
+    out: list[ContainerDevice] = []
+    for n, frag in enumerate(value.split(DEVICE_SEP)):
+        if FIELD_SEP not in frag:
+            continue
+        parts = frag.split(FIELD_SEP)
+        where = f"container entry {entry}, device {n}"
+        if len(parts) < 4:
+            raise AnnotationError(f"{where}: {frag!r} has {len(parts)} fields, want uuid,type,usedmem,usedcores")
+        uuid = parts[0].strip()
+        if not uuid:
+            raise AnnotationError(f"{where}: empty uuid")
+        mem = _int_field(parts[2], what=f"{where} usedmem")
+        cores = _int_field(parts[3], what=f"{where} usedcores")
+        if mem < 0 or cores < 0:
+            raise AnnotationError(f"{where}: usedmem and usedcores must be >= 0, got {mem} and {cores}")
+        out.append(ContainerDevice(uuid=uuid, type=parts[1].strip(), usedmem=mem, usedcores=cores))
+    return out
+
+
+def decode_pod_devices(value: str) -> list[list[ContainerDevice]]:
+    """Decode a pod device list into one list per container (empty entries kept, index = container).
+
+    ``""`` is no containers; the final ``;`` terminates the last entry rather than starting a new one
+    (HAMi's own decoder yields a spurious trailing entry there). Raises AnnotationError.
+    """
+    if not value:
+        return []
+    body = value[:-1] if value.endswith(CONTAINER_SEP) else value
+    return [decode_container_devices(e, entry=i) for i, e in enumerate(body.split(CONTAINER_SEP))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Node registration, JSON form (§1.6.1).
+
+
+def _go_json(obj: object) -> str:
+    # Go's encoding/json escapes <, > and & (and U+2028/9) even in plain strings; match it byte for byte.
+    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return (
+        s.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def device_to_json(device: Device) -> dict[str, object]:
+    """The registration object of one device, keys in HAMi's order, zero values omitted (omitempty)."""
+    obj: dict[str, object] = {"id": device.uuid}
+    for key, val in (
+        ("index", device.index),
+        ("count", device.count),
+        ("devmem", device.devmem),
+        ("devcore", device.devcore),
+        ("type", device.type),
+        ("numa", device.numa),
+        ("mode", device.mode),
+        ("health", device.health),
+    ):
+        if val:
+            obj[key] = val
+    return obj
+
+
+def encode_node_devices_json(devices: Sequence[Device]) -> str:
+    """`hami.io/node-nvidia-register` value: a compact JSON array as Go's encoder writes it."""
+    return _go_json([device_to_json(d) for d in devices])
+
+
+def _json_int(obj: Mapping[str, object], key: str, where: str) -> int:
+    val = obj.get(key, 0)
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise AnnotationError(f"{where}: field {key!r} must be an integer, got {val!r}")
+    return val
+
+
+def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Device]:
+    """Decode a JSON registration; missing `index`/`numa` mean 0 and a missing `health` means false.
+
+    Unknown keys (`devicevendor`, `custominfo`, `migProfiles`) are ignored. Raises AnnotationError for
+    invalid JSON, a non-array, a device without `id`, or a field of the wrong type or range.
+    """
+    try:
+        raw = json.loads(value)
+    except ValueError as e:
+        raise AnnotationError(f"not valid JSON: {e}") from None
+    if not isinstance(raw, list):
+        raise AnnotationError("must be a JSON array of devices")
+    out: list[Device] = []
+    for i, obj in enumerate(raw):
+        where = f"device {i}"
+        if not isinstance(obj, dict):
+            raise AnnotationError(f"{where}: must be a JSON object")
+        uuid = obj.get("id")
+        if not isinstance(uuid, str) or not uuid:
+            raise AnnotationError(f"{where}: field 'id' must be a non-empty string")
+        where = f"device {i} ({uuid})"
+        ints = {k: _json_int(obj, k, where) for k in ("index", "count", "devmem", "devcore", "numa")}
+        for k in ("index", "count", "devmem", "devcore"):
+            if ints[k] < 0:
+                raise AnnotationError(f"{where}: field {k!r} must be >= 0, got {ints[k]}")
+        dtype, mode, health = obj.get("type", ""), obj.get("mode", ""), obj.get("health", False)
+        if not isinstance(dtype, str) or not isinstance(mode, str):
+            raise AnnotationError(f"{where}: fields 'type' and 'mode' must be strings")
+        if not isinstance(health, bool):
+            raise AnnotationError(f"{where}: field 'health' must be true or false, got {health!r}")
+        out.append(
+            Device(
+                uuid=uuid,
+                index=ints["index"],
+                count=ints["count"],
+                devmem=ints["devmem"],
+                devcore=ints["devcore"],
+                type=dtype,
+                numa=ints["numa"],
+                mode=mode or "hami-core",
+                health=health,
+                vendor=vendor,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Node registration, legacy colon form (§1.6.2): id,count,devmem,devcore,type,numa,health[,index,mode]:
+
+
+def encode_node_devices_colon(devices: Sequence[Device]) -> str:
+    """The 9-field colon form HAMi's encoder writes: ``id,count,devmem,devcore,type,numa,health,index,mode:``."""
+    return "".join(
+        f"{d.uuid},{d.count},{d.devmem},{d.devcore},{d.type},{d.numa},{str(d.health).lower()},"
+        f"{d.index},{d.mode}{DEVICE_SEP}"
+        for d in devices
+    )
+
+
+_BOOLS = {"1": True, "t": True, "T": True, "true": True, "TRUE": True, "True": True}
+_BOOLS.update({"0": False, "f": False, "F": False, "false": False, "FALSE": False, "False": False})
+
+
+def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
+    """Decode the colon form; 7 fields (index 0, mode hami-core) or 9. Raises AnnotationError otherwise.
+
+    A value without any ``:`` is an error (HAMi: "node annotations not decode successfully").
+    """
+    if DEVICE_SEP not in value:
+        raise AnnotationError("colon registration format needs ':' after every device")
+    out: list[Device] = []
+    for i, frag in enumerate(value.split(DEVICE_SEP)):
+        if not frag.strip():
+            continue
+        f = frag.split(FIELD_SEP)
+        where = f"device {i}"
+        if len(f) not in (7, 9):
+            raise AnnotationError(
+                f"{where}: {len(f)} fields, want 7 (id,count,devmem,devcore,type,numa,health) or 9 (+index,mode)"
+            )
+        if f[6] not in _BOOLS:
+            raise AnnotationError(f"{where}: health {f[6]!r} is not a boolean (true/false)")
+        out.append(
+            Device(
+                uuid=f[0],
+                count=_int_field(f[1], what=f"{where} count"),
+                devmem=_int_field(f[2], what=f"{where} devmem"),
+                devcore=_int_field(f[3], what=f"{where} devcore"),
+                type=f[4],
+                numa=_int_field(f[5], what=f"{where} numa"),
+                health=_BOOLS[f[6]],
+                index=_int_field(f[7], what=f"{where} index") if len(f) == 9 else 0,
+                mode=(f[8] if len(f) == 9 and f[8] else "hami-core"),
+                vendor=vendor,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pair scores (`hami.io/node-nvidia-score`, §1.6.3).
+
+
+def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
+    """``[{"uuid":"GPU-a","score":{"GPU-b":220}}]`` -> ``{"GPU-a": {"GPU-b": 220}}``. Raises AnnotationError."""
+    try:
+        raw = json.loads(value)
+    except ValueError as e:
+        raise AnnotationError(f"not valid JSON: {e}") from None
+    if not isinstance(raw, list):
+        raise AnnotationError("must be a JSON array of {uuid, score}")
+    out: dict[str, dict[str, int]] = {}
+    for i, obj in enumerate(raw):
+        if not isinstance(obj, dict) or not isinstance(obj.get("uuid"), str):
+            raise AnnotationError(f"entry {i}: must be an object with a string 'uuid'")
+        score = obj.get("score") or {}
+        if not isinstance(score, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in score.values()
+        ):
+            raise AnnotationError(f"entry {i} ({obj['uuid']}): 'score' must map UUIDs to integers")
+        out[obj["uuid"]] = dict(score)
+    return out
+
+
+def encode_pair_scores(scores: Mapping[str, Mapping[str, int]]) -> str:
+    """Inverse of `decode_pair_scores`."""
+    return _go_json([{"uuid": u, "score": dict(s)} for u, s in scores.items()])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Node lock (`hami.io/mutex.lock`, §1.6.5).
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLock:
+    """A parsed lock value; `namespace`/`name` are None in the legacy time-only form."""
+
+    time: datetime
+    namespace: str | None = None
+    name: str | None = None
+
+
+def format_rfc3339(t: datetime) -> str:
+    """Go's time.RFC3339 (seconds, ``Z`` for UTC, ``+08:00`` otherwise); naive times are taken as UTC."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    s = t.replace(microsecond=0).isoformat()
+    return s[:-6] + "Z" if s.endswith("+00:00") else s
+
+
+def encode_node_lock(lock: NodeLock) -> str:
+    """``2024-05-10T16:15:30+08:00,default,gpu-pod`` (or just the time for an owner-less lock)."""
+    if lock.namespace is None or lock.name is None:
+        return format_rfc3339(lock.time)
+    return f"{format_rfc3339(lock.time)},{lock.namespace},{lock.name}"
+
+
+def decode_node_lock(value: str) -> NodeLock:
+    """Parse a lock value: no comma = legacy time-only, otherwise exactly 3 parts. Raises AnnotationError."""
+    parts = value.split(",")
+    if len(parts) not in (1, 3):
+        raise AnnotationError(f"lock value {value!r}: want '<RFC3339>,<namespace>,<name>' or '<RFC3339>'")
+    try:
+        t = datetime.fromisoformat(parts[0].strip())
+    except ValueError:
+        raise AnnotationError(f"lock value {value!r}: time {parts[0]!r} is not RFC3339") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    if len(parts) == 1:
+        return NodeLock(time=t)
+    if not parts[1] or not parts[2]:
+        raise AnnotationError(f"lock value {value!r}: empty namespace or pod name")
+    return NodeLock(time=t, namespace=parts[1], name=parts[2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Handshake (`hami.io/node-handshake*`, §1.6.7).
+
+HANDSHAKE_REQUESTING = "Requesting"
+HANDSHAKE_REPORTED = "Reported"
+HANDSHAKE_DELETED = "Deleted"
+_HANDSHAKE_TIME = "%Y-%m-%d %H:%M:%S"  # Go's time.DateTime layout
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """A parsed handshake: `state` is Requesting / Reported / Deleted / the raw prefix; `time` if parseable."""
+
+    state: str
+    time: datetime | None
+
+
+def encode_handshake(state: str, t: datetime) -> str:
+    """``Requesting_2024-05-10 16:15:30`` (Go DateTime layout, the writer's clock, no zone)."""
+    return f"{state}_{t.strftime(_HANDSHAKE_TIME)}"
+
+
+def decode_handshake(value: str) -> Handshake:
+    """Parse a handshake; never raises: an unparseable time gives ``time=None`` (a stale marker)."""
+    state, _, rest = value.partition("_")
+    try:
+        t: datetime | None = datetime.strptime(rest.strip(), _HANDSHAKE_TIME)
+    except ValueError:
+        t = None
+    return Handshake(state=state, time=t)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Small helpers for objects in the API's JSON form.
+
+
+def pod_annotations(pod: Mapping[str, object]) -> dict[str, str]:
+    """`metadata.annotations` of a pod or node dict, `{}` when absent."""
+    meta = pod.get("metadata") or {}
+    return dict((meta.get("annotations") if isinstance(meta, dict) else None) or {})

@@ -1,0 +1,107 @@
+"""Kubernetes resource quantities turned into the integers HAMi works in: counts, MiB and percent.
+
+HAMi reads `nvidia.com/gpumem: 16Gi` with `AsInt64` and gets 17179869184 "MiB", which overflows its
+int32 and silently drops the whole request (hami-legacy-spec §1.1). Here a quantity with a unit is
+bytes and is converted to MiB exactly, a bare number is already MiB, and everything that is not a whole,
+non-negative number in range is an `InvalidRequest` naming the resource.
+Quantity grammar: k8s.io/apimachinery/pkg/api/resource (decimal SI, binary SI and exponent suffixes).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from hami.errors import InvalidRequest
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "": Fraction(1),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+}
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d+|[numkMGTPE])?$")
+#: Largest value HAMi stores (int32); beyond it HAMi wraps, we refuse.
+INT32_MAX = 2**31 - 1
+MIB = 2**20
+
+
+def parse_quantity(value: object, *, resource: str) -> tuple[Fraction, bool]:
+    """Parse a quantity string (or int) into (exact value, has_unit).
+
+    `has_unit` is True when a binary/decimal SI suffix or exponent was given. Raises InvalidRequest
+    naming `resource` for anything the Kubernetes grammar does not accept.
+    """
+    if isinstance(value, bool):
+        raise InvalidRequest(f"{resource}: {value!r} is not a quantity")
+    if isinstance(value, int):
+        return Fraction(value), False
+    if isinstance(value, float):
+        return Fraction(str(value)), False
+    if not isinstance(value, str):
+        raise InvalidRequest(f"{resource}: {value!r} is not a quantity")
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise InvalidRequest(
+            f"{resource}: {value!r} is not a Kubernetes quantity (a number with an optional suffix "
+            "Ki, Mi, Gi, Ti, Pi, Ei, n, u, m, k, M, G, T, P, E or an exponent)"
+        )
+    number, suffix = Fraction(m.group(1)), m.group(2) or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix], True
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix], suffix not in ("", "m", "u", "n")
+    return number * Fraction(10) ** int(suffix[1:]), True
+
+
+def _whole(v: Fraction, *, resource: str, raw: object, unit: str) -> int:
+    if v < 0:
+        raise InvalidRequest(f"{resource}: {raw!r} is negative; it must be a whole number of {unit} >= 0")
+    if v.denominator != 1:
+        raise InvalidRequest(f"{resource}: {raw!r} is not a whole number of {unit}")
+    if v > INT32_MAX:
+        raise InvalidRequest(f"{resource}: {raw!r} is larger than {INT32_MAX} {unit}")
+    return int(v)
+
+
+def to_count(value: object, *, resource: str) -> int:
+    """A device count (e.g. `nvidia.com/gpu: 2`): a whole number >= 0. Raises InvalidRequest."""
+    v, _ = parse_quantity(value, resource=resource)
+    return _whole(v, resource=resource, raw=value, unit="devices")
+
+
+def to_mib(value: object, *, resource: str, unit_mib: int = 1) -> int:
+    """Device memory in MiB.
+
+    A bare number is a count of `unit_mib` MiB (HAMi: MiB for NVIDIA, 256 MiB for Cambricon); a number
+    with a unit is bytes and must be a whole number of MiB (``16Gi`` -> 16384, ``1000M`` is an error,
+    never a silent 0). Raises InvalidRequest naming `resource`.
+    """
+    v, has_unit = parse_quantity(value, resource=resource)
+    if has_unit:
+        mib = v / MIB
+        if mib.denominator != 1 and v >= 0:
+            raise InvalidRequest(
+                f"{resource}: {value!r} is {float(mib):.3f} MiB, not a whole number of MiB; "
+                "write MiB as a bare number (e.g. 16384) or use Mi/Gi units"
+            )
+        return _whole(mib, resource=resource, raw=value, unit="MiB")
+    return _whole(v * unit_mib, resource=resource, raw=value, unit="MiB")
+
+
+def to_percent(value: object, *, resource: str, low: int = 0, high: int = 100) -> int:
+    """A percentage (gpucores, gpumem-percentage): a whole number in `low`..`high`. Raises InvalidRequest."""
+    v, has_unit = parse_quantity(value, resource=resource)
+    if has_unit:
+        raise InvalidRequest(f"{resource}: {value!r} must be a plain percentage {low}..{high}, without a unit")
+    n = _whole(v, resource=resource, raw=value, unit="percent")
+    if not low <= n <= high:
+        raise InvalidRequest(f"{resource}: {value!r} is outside the valid range {low}..{high}")
+    return n

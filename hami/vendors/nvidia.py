@@ -1,0 +1,210 @@
+"""NVIDIA: JSON registration, HAMi-core sharing (memory MiB, SM percent, slots).
+
+Rules from hami-legacy-spec §1.1 (requests), §1.3 (selection annotations), §1.6.1 (registration),
+§2.1 (admission) and §2.5 (per-card type checks); the per-card fit itself is generic (`hami.fit`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hami import annotations as A
+from hami.config import NvidiaConfig
+from hami.errors import InvalidRequest
+from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
+from hami.quantity import to_count, to_mib, to_percent
+from hami.vendors.base import MutationResult, ResourceNames, container_limits, set_env, split_list
+
+USE_GPUTYPE = "nvidia.com/use-gputype"
+NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
+USE_GPUUUID = "nvidia.com/use-gpuuuid"
+NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
+NUMA_BIND = "nvidia.com/numa-bind"
+VGPU_MODE = "nvidia.com/vgpu-mode"
+
+#: Env the webhook injects (read by libvgpu).
+ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+
+_TRUE = {"1", "t", "true", "yes", "y", "on"}
+_FALSE = {"0", "f", "false", "no", "n", "off", ""}
+
+
+def model_type(nvml_name: str) -> str:
+    """HAMi's type rule: prefix ``NVIDIA-`` unless the NVML name already starts with ``NVIDIA``."""
+    return nvml_name if nvml_name.startswith("NVIDIA") else f"NVIDIA-{nvml_name}"
+
+
+def parse_bool(value: str, *, field: str) -> bool:
+    """Go's ParseBool-like: true/false/1/0 (case-insensitive). Raises InvalidRequest naming `field`."""
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise InvalidRequest(f"{field}: {value!r} is not a boolean; valid: true, false")
+
+
+class NvidiaVendor:
+    common_word = "NVIDIA"
+    register_key = A.NVIDIA_REGISTER
+    handshake_key: str | None = A.NVIDIA_HANDSHAKE
+    to_allocate_key: str | None = A.NVIDIA_TO_ALLOCATE
+    allocated_key = A.NVIDIA_ALLOCATED
+    uses_node_lock = True
+
+    def __init__(self, config: NvidiaConfig | None = None) -> None:
+        self.config = config or NvidiaConfig()
+        c = self.config
+        self._names = ResourceNames(
+            count=c.resourceCountName,
+            memory=c.resourceMemoryName,
+            memory_percentage=c.resourceMemoryPercentageName,
+            cores=c.resourceCoreName,
+            priority=c.resourcePriorityName,
+            memory_factor=c.memoryFactor,
+        )
+
+    def resource_names(self) -> ResourceNames:
+        return self._names
+
+    def user_annotation_keys(self) -> tuple[str, ...]:
+        return (USE_GPUTYPE, NOUSE_GPUTYPE, USE_GPUUUID, NOUSE_GPUUUID, NUMA_BIND, VGPU_MODE)
+
+    def allocation_keys(self) -> tuple[str, ...]:
+        return (A.NVIDIA_TO_ALLOCATE, A.NVIDIA_ALLOCATED, A.MIG_ALLOCATIONS)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
+        """HAMi GenerateResourceRequests (§1.1), strict: bad quantities raise instead of dropping.
+
+        Per card: `memreq` MiB (gpumem x memoryFactor), else `mem_percentage`, else `defaultMemory`,
+        else 100 %; `coresreq` gpucores, else `defaultCores`.
+        """
+        n, cfg = self._names, self.config
+        limits = container_limits(container)
+        name = container.get("name", "?")
+        if n.count not in limits:
+            return None
+        nums = to_count(limits[n.count], resource=f"container {name}: {n.count}")
+        if nums == 0:
+            return None
+        memreq = 0
+        if n.memory and n.memory in limits:
+            memreq = to_mib(limits[n.memory], resource=f"container {name}: {n.memory}") * cfg.memoryFactor
+        pct = PERCENTAGE_UNSET
+        if n.memory_percentage and n.memory_percentage in limits:
+            p = to_percent(limits[n.memory_percentage], resource=f"container {name}: {n.memory_percentage}")
+            pct = p if p > 0 else PERCENTAGE_UNSET  # HAMi: <= 0 means unset
+        if memreq == 0 and pct == PERCENTAGE_UNSET:
+            if cfg.defaultMemory > 0:
+                memreq = cfg.defaultMemory
+            else:
+                pct = 100
+        cores = cfg.defaultCores
+        if n.cores and n.cores in limits:
+            cores = to_percent(limits[n.cores], resource=f"container {name}: {n.cores}")
+        return ContainerRequest(vendor=self.common_word, nums=nums, memreq=memreq, mem_percentage=pct, coresreq=cores)
+
+    def selection(self, annotations: Mapping[str, str]) -> Selection:
+        numa = annotations.get(NUMA_BIND)
+        return Selection(
+            use_types=split_list(annotations.get(USE_GPUTYPE)),
+            nouse_types=split_list(annotations.get(NOUSE_GPUTYPE)),
+            use_uuids=split_list(annotations.get(USE_GPUUUID)),
+            nouse_uuids=split_list(annotations.get(NOUSE_GPUUUID)),
+            numa_bind=parse_bool(numa, field=NUMA_BIND) if numa is not None else False,
+            mode=(annotations.get(VGPU_MODE) or "").strip(),
+        )
+
+    def type_matches(self, device: Device, selection: Selection) -> bool:
+        t = device.type.lower()
+        if selection.use_types and not any(u.lower() in t for u in selection.use_types):
+            return False
+        if any(u.lower() in t for u in selection.nouse_types):
+            return False
+        # HAMi: the device's mode must be a substring of the pod's vgpu-mode value.
+        return not (selection.mode and device.mode not in selection.mode)
+
+    # -- registration / allocation --------------------------------------------------------------
+
+    def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
+        value = A.pod_annotations(node).get(self.register_key)
+        if value is None:
+            return None
+        return A.decode_node_devices_json(value, vendor=self.common_word)
+
+    def allocation_annotations(self, containers: Sequence[Sequence[ContainerDevice]]) -> dict[str, str]:
+        encoded = A.encode_pod_devices(containers)
+        return {A.NVIDIA_TO_ALLOCATE: encoded, A.NVIDIA_ALLOCATED: encoded}
+
+    # -- admission ------------------------------------------------------------------------------
+
+    def mutate_container(self, container: dict[str, Any], *, pod: dict[str, Any]) -> MutationResult:
+        """HAMi's NVIDIA MutateAdmission (§2.1), with quantities validated and normalised.
+
+        `gpumem` with a unit becomes a bare MiB count (``16Gi`` -> ``16384``); a bare `nvidia.com/gpu`
+        becomes an exclusive card (`gpucores: 100`); `nvidia.com/priority` becomes env
+        `CUDA_TASK_PRIORITY`. Raises InvalidRequest naming container, field and valid values.
+        """
+        n, cfg = self._names, self.config
+        cname = container.get("name", "?")
+        res = container.setdefault("resources", {}) if container.get("resources") is not None else None
+        limits = dict((res or {}).get("limits") or {})
+        requests = dict((res or {}).get("requests") or {})
+        present = {**requests, **limits}
+        result = MutationResult()
+
+        def field(r: str) -> str:
+            return f"container {cname}: resources.limits[{r}]"
+
+        if n.count in present:
+            to_count(present[n.count], resource=field(n.count))
+        mem = None
+        if n.memory and n.memory in present:
+            mem = to_mib(present[n.memory], resource=field(n.memory))
+            for d in (limits, requests):
+                if n.memory in d and str(d[n.memory]) != str(mem):
+                    d[n.memory] = str(mem)
+        pct = None
+        if n.memory_percentage and n.memory_percentage in present:
+            pct = to_percent(present[n.memory_percentage], resource=field(n.memory_percentage))
+        if n.cores and n.cores in present:
+            to_percent(present[n.cores], resource=field(n.cores))
+        if mem is not None and pct is not None and mem > 0 and pct > 0:
+            raise InvalidRequest(
+                f"container {cname}: {n.memory} and {n.memory_percentage} are both set; "
+                f"give memory either in MiB ({n.memory}) or in percent ({n.memory_percentage}), not both"
+            )
+        if n.priority and n.priority in present:
+            prio = str(present[n.priority]).strip()
+            if not prio.lstrip("-").isdigit():
+                raise InvalidRequest(f"{field(n.priority)}: {prio!r} must be an integer (0 high, 1 low)")
+            set_env(container, ENV_TASK_PRIORITY, prio)
+
+        uses = n.count in present
+        if not uses and any(r and r in limits for r in (n.memory, n.memory_percentage, n.cores)):
+            if cfg.defaultGPUNum > 0:
+                limits[n.count] = str(cfg.defaultGPUNum)
+                uses = True
+        if uses:
+            has_cores = bool(n.cores and n.cores in present)
+            if not has_cores and (pct == 100 or (pct is None and mem is None)) and n.cores:
+                limits[n.cores] = "100"  # a bare count means whole, exclusive cards
+            if cfg.gpuCorePolicy != "default":
+                set_env(container, ENV_CORE_POLICY, cfg.gpuCorePolicy)
+            if cfg.runtimeClassName and not pod.get("spec", {}).get("runtimeClassName"):
+                pod.setdefault("spec", {})["runtimeClassName"] = cfg.runtimeClassName
+        elif cfg.overwriteEnv:
+            set_env(container, "NVIDIA_VISIBLE_DEVICES", "none")
+
+        if limits or requests:
+            res = container.setdefault("resources", {})
+            if limits:
+                res["limits"] = limits
+            if requests:
+                res["requests"] = requests
+        result.uses_device = uses
+        return result
