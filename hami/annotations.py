@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 
 from hami.errors import AnnotationError
 from hami.model import ContainerDevice, Device
@@ -47,7 +47,7 @@ DEVICE_SEP = ":"
 FIELD_SEP = ","
 
 
-class BindPhase(str, Enum):
+class BindPhase(StrEnum):
     """Values of `hami.io/bind-phase` (§2.8)."""
 
     ALLOCATING = "allocating"
@@ -92,7 +92,9 @@ def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDev
         parts = frag.split(FIELD_SEP)
         where = f"container entry {entry}, device {n}"
         if len(parts) < 4:
-            raise AnnotationError(f"{where}: {frag!r} has {len(parts)} fields, want uuid,type,usedmem,usedcores")
+            raise AnnotationError(
+                f"{where}: {frag!r} has {len(parts)} fields, want uuid,type,usedmem,usedcores"
+            )
         uuid = parts[0].strip()
         if not uuid:
             raise AnnotationError(f"{where}: empty uuid")

@@ -96,7 +96,11 @@ class DeviceConfig:
         o = self.nodes.get(node)
         if o is None:
             return self.nvidia
-        changes = {f.name: getattr(o, f.name) for f in fields(o) if f.name != "name" and getattr(o, f.name) is not None}
+        changes = {
+            f.name: getattr(o, f.name)
+            for f in fields(o)
+            if f.name != "name" and getattr(o, f.name) is not None
+        }
         return replace(self.nvidia, **changes)
 
 
@@ -169,7 +173,9 @@ def _validate(cfg: DeviceConfig) -> None:
         )  # fmt: skip
     for o in cfg.nodes.values():
         if o.deviceSplitCount is not None and o.deviceSplitCount < 1:
-            checks.append((False, f"nodeconfig[{o.name}].devicesplitcount", o.deviceSplitCount, "an integer >= 1"))
+            checks.append(
+                (False, f"nodeconfig[{o.name}].devicesplitcount", o.deviceSplitCount, "an integer >= 1")
+            )
     for ok, key, val, valid in checks:
         if not ok:
             raise ConfigError(f"{key}: {val!r} is invalid; valid: {valid}")
@@ -181,7 +187,9 @@ def _node_overrides(raw: Any) -> dict[str, NodeOverride]:
     if isinstance(raw, dict) and "nodeconfig" in raw:
         raw = raw["nodeconfig"]
     if not isinstance(raw, list):
-        raise ConfigError("nodeconfig: must be a list of {name, devicesplitcount, devicememoryscaling, devicecorescaling}")
+        raise ConfigError(
+            "nodeconfig: must be a list of {name, devicesplitcount, devicememoryscaling, devicecorescaling}"
+        )
     out = {}
     keys = {"devicesplitcount": "deviceSplitCount", "devicememoryscaling": "deviceMemoryScaling",
             "devicecorescaling": "deviceCoreScaling"}  # fmt: skip

@@ -100,7 +100,9 @@ def to_percent(value: object, *, resource: str, low: int = 0, high: int = 100) -
     """A percentage (gpucores, gpumem-percentage): a whole number in `low`..`high`. Raises InvalidRequest."""
     v, has_unit = parse_quantity(value, resource=resource)
     if has_unit:
-        raise InvalidRequest(f"{resource}: {value!r} must be a plain percentage {low}..{high}, without a unit")
+        raise InvalidRequest(
+            f"{resource}: {value!r} must be a plain percentage {low}..{high}, without a unit"
+        )
     n = _whole(v, resource=resource, raw=value, unit="percent")
     if not low <= n <= high:
         raise InvalidRequest(f"{resource}: {value!r} is outside the valid range {low}..{high}")

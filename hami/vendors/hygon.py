@@ -63,7 +63,9 @@ class HygonVendor:
         cores = 100
         if n.cores and n.cores in limits:
             cores = to_percent(limits[n.cores], resource=f"container {name}: {n.cores}")
-        return ContainerRequest(vendor=self.common_word, nums=nums, memreq=memreq, mem_percentage=pct, coresreq=cores)
+        return ContainerRequest(
+            vendor=self.common_word, nums=nums, memreq=memreq, mem_percentage=pct, coresreq=cores
+        )
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return Selection(

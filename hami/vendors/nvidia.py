@@ -106,7 +106,9 @@ class NvidiaVendor:
         cores = cfg.defaultCores
         if n.cores and n.cores in limits:
             cores = to_percent(limits[n.cores], resource=f"container {name}: {n.cores}")
-        return ContainerRequest(vendor=self.common_word, nums=nums, memreq=memreq, mem_percentage=pct, coresreq=cores)
+        return ContainerRequest(
+            vendor=self.common_word, nums=nums, memreq=memreq, mem_percentage=pct, coresreq=cores
+        )
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         numa = annotations.get(NUMA_BIND)

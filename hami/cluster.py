@@ -1,0 +1,501 @@
+"""ClusterState: every node's cards and every card's usage, kept incrementally, shared by the extender and
+the simulator.
+
+HAMi recomputes node usage from every pod on every filter; here usage changes only when something
+happens (a reservation, a pod event, a pod deletion or terminal phase), so a filter touches only the
+candidate nodes' cards. The API server stays the truth: `rebuild(pods, nodes)` from annotations gives
+exactly the state the incremental path reached (a property test holds that), and the extender rebuilds
+on relist and failover.
+
+Concurrency: one lock guards the whole state. `filter` decides and reserves under it, so two concurrent
+filters can never take the same capacity; the lock is never held across I/O (callers patch the pod after
+`filter` returns and call `release_reservation` if the patch fails).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami import annotations as A
+from hami.config import DeviceConfig
+from hami.errors import AnnotationError, InvalidRequest
+from hami.fit import ContainerKind, ContainerSpec, NodeView, collapse_grants, fit_pod
+from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
+from hami.quota import QuotaState
+from hami.scoring import NodePolicy, PolicyChoice, choose_policies, node_score
+from hami.vendors import build_vendors
+from hami.vendors.base import Vendor
+
+log = logging.getLogger(__name__)
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True, slots=True)
+class CardStat:
+    """One card and its usage (for metrics, reports and tests). Memory MiB, cores percent."""
+
+    node: str
+    uuid: str
+    index: int
+    type: str
+    vendor: str
+    count: int
+    used: int
+    devmem: int
+    usedmem: int
+    devcore: int
+    usedcores: int
+    health: bool
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    """The decision of one filter call.
+
+    `node` is None when nothing fits (or on `error`, or when the pod asks for no managed device:
+    `no_devices` True, the extender then passes every node through). On success the pod's usage is
+    already reserved; `annotations` and `labels` are what the extender patches onto the pod.
+    """
+
+    node: str | None = None
+    devices: PodDevices = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    failed_nodes: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
+    no_devices: bool = False
+    policy: PolicyChoice | None = None
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    devices: dict[str, list[Device]] = field(default_factory=dict)
+    by_uuid: dict[str, Device] = field(default_factory=dict)
+    usage: dict[str, DeviceUsage] = field(default_factory=dict)
+    cordoned: frozenset[str] = frozenset()
+    pair_scores: dict[str, dict[str, int]] = field(default_factory=dict)
+    unusable: str | None = None
+    pods: set[str] = field(default_factory=set)
+    score: float | None = None  # cached node_score, None = stale
+
+    def view(self) -> NodeView:
+        return NodeView(self.name, self.devices, self.usage, self.cordoned, self.pair_scores)
+
+    def current_score(self) -> float:
+        if self.score is None:
+            sums = [0, 0, 0, 0, 0, 0]
+            for d in self.by_uuid.values():
+                u = self.usage.get(d.uuid)
+                sums[0] += d.count
+                sums[2] += d.devcore
+                sums[4] += d.devmem
+                if u is not None:
+                    sums[1] += u.used
+                    sums[3] += u.usedcores
+                    sums[5] += u.usedmem
+            self.score = node_score(*sums)
+        return self.score
+
+
+@dataclass(slots=True)
+class _Pod:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    grants: tuple[CardGrant, ...]
+    reserved: bool  # True until a pod event with the allocation annotations confirms it
+    since: float
+
+
+def pod_container_kinds(pod: Mapping[str, Any]) -> list[ContainerKind]:
+    """Kinds of a pod's containers in device-list order: init (or sidecar) containers, then app containers."""
+    spec = pod.get("spec") or {}
+    kinds = [
+        ContainerKind.SIDECAR if c.get("restartPolicy") == "Always" else ContainerKind.INIT
+        for c in spec.get("initContainers") or []
+    ]
+    kinds.extend(ContainerKind.APP for _ in spec.get("containers") or [])
+    return kinds
+
+
+def _init_done(pod: Mapping[str, Any]) -> bool:
+    """All init containers terminated with exit code 0 (their usage can be released, HAMi §2.2.2)."""
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    if not statuses:
+        return False
+    for s in statuses:
+        term = (s.get("state") or {}).get("terminated")
+        if not term or term.get("exitCode") != 0:
+            return False
+    return True
+
+
+class ClusterState:
+    """Nodes, cards, per-card usage, pod reservations and quotas. Thread-safe.
+
+    Pods count only when they carry `hami.io/vgpu-node` and were scheduled by `scheduler_name`
+    (pods of another scheduler with copied annotations are never our allocations).
+    """
+
+    def __init__(
+        self,
+        config: DeviceConfig | None = None,
+        vendors: Mapping[str, Vendor] | None = None,
+        *,
+        scheduler_name: str | None = None,
+    ) -> None:
+        self.config = config or DeviceConfig()
+        self.vendors: dict[str, Vendor] = dict(vendors or build_vendors(self.config))
+        self.scheduler_name = (
+            scheduler_name if scheduler_name is not None else self.config.scheduler.schedulerName
+        )
+        self.quota = QuotaState(self.vendors)
+        self._lock = threading.RLock()
+        self._nodes: dict[str, _Node] = {}
+        self._pods: dict[str, _Pod] = {}
+
+    # ------------------------------------------------------------------------------------------
+    # nodes
+
+    def upsert_node(self, node: Mapping[str, Any]) -> str | None:
+        """Add or refresh a node from its Node object (registration, cordon and pair-score annotations).
+
+        Returns None when the node is usable, else the reason it is not (a malformed registration marks
+        the node unusable and is logged; it never raises).
+        """
+        name = (node.get("metadata") or {}).get("name", "")
+        annos = A.pod_annotations(node)
+        devices: dict[str, list[Device]] = {}
+        unusable = None
+        for vendor in self.vendors.values():
+            try:
+                found = vendor.node_devices(node)
+            except AnnotationError as e:
+                unusable = f"{vendor.register_key}: {e}"
+                log.warning("node %s: malformed registration, node unusable: %s", name, unusable)
+                continue
+            if found:
+                devices[vendor.common_word] = found
+        pair_scores: dict[str, dict[str, int]] = {}
+        if A.NVIDIA_SCORE in annos:
+            try:
+                pair_scores = A.decode_pair_scores(annos[A.NVIDIA_SCORE])
+            except AnnotationError as e:
+                log.warning("node %s: ignoring %s: %s", name, A.NVIDIA_SCORE, e)
+        cordoned = frozenset(p.strip() for p in annos.get(A.DEVICE_CORDON, "").split(",") if p.strip())
+        if unusable is None and not devices:
+            unusable = "node unregistered: no device registration annotation"
+        with self._lock:
+            n = self._nodes.get(name)
+            if n is None:
+                n = self._nodes[name] = _Node(name)
+            n.devices = devices
+            n.by_uuid = {d.uuid: d for ds in devices.values() for d in ds}
+            n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
+            self._recount_node(n)
+        return unusable
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node; its pods stay recorded and count again if the node comes back."""
+        with self._lock:
+            self._nodes.pop(name, None)
+
+    def mark_node_unusable(self, name: str, reason: str | None) -> None:
+        """Set (or clear with None) a reason that keeps new pods off a node, e.g. a failed handshake."""
+        with self._lock:
+            n = self._nodes.get(name)
+            if n is not None:
+                n.unusable = reason
+
+    def _recount_node(self, n: _Node) -> None:
+        n.usage = {}
+        for uid in n.pods:
+            p = self._pods.get(uid)
+            if p is not None:
+                self._apply(n, p.grants, +1)
+        n.score = None
+
+    @staticmethod
+    def _apply(n: _Node, grants: Iterable[CardGrant], sign: int) -> None:
+        for g in grants:
+            if g.uuid not in n.by_uuid:
+                continue  # a card that left the node's registration: nothing to count it against
+            u = n.usage.get(g.uuid)
+            if u is None:
+                u = n.usage[g.uuid] = DeviceUsage()
+            if sign > 0:
+                u.add(g.usedmem, g.usedcores, g.slots)
+            else:
+                u.sub(g.usedmem, g.usedcores, g.slots)
+        n.score = None
+
+    # ------------------------------------------------------------------------------------------
+    # pods
+
+    def _add_record(self, p: _Pod) -> None:
+        self._pods[p.uid] = p
+        n = self._nodes.get(p.node)
+        if n is None:
+            n = self._nodes[p.node] = _Node(
+                p.node, unusable="node unregistered: no device registration annotation"
+            )
+        n.pods.add(p.uid)
+        self._apply(n, p.grants, +1)
+        self.quota.add_usage(p.namespace, p.grants)
+
+    def _drop_record(self, uid: str) -> _Pod | None:
+        p = self._pods.pop(uid, None)
+        if p is None:
+            return None
+        n = self._nodes.get(p.node)
+        if n is not None:
+            n.pods.discard(uid)
+            self._apply(n, p.grants, -1)
+        self.quota.remove_usage(p.namespace, p.grants)
+        return p
+
+    def upsert_pod(self, pod: Mapping[str, Any]) -> None:
+        """Apply a pod add/update event: count its allocation, or release it when terminal.
+
+        Malformed allocation annotations are logged and the pod is not counted (never raises).
+        """
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid", "")
+        annos = meta.get("annotations") or {}
+        spec = pod.get("spec") or {}
+        node = annos.get(A.ASSIGNED_NODE)
+        ours = not self.scheduler_name or spec.get("schedulerName") == self.scheduler_name
+        phase = (pod.get("status") or {}).get("phase")
+        with self._lock:
+            if not ours or phase in TERMINAL_PHASES:
+                self._drop_record(uid)
+                return
+            if not node:
+                return  # not (yet) placed by us; a reservation in flight stays
+            devices: PodDevices = {}
+            try:
+                for v in self.vendors.values():
+                    if v.allocated_key in annos:
+                        devices[v.common_word] = A.decode_pod_devices(annos[v.allocated_key])
+            except AnnotationError as e:
+                log.warning(
+                    "pod %s/%s: not counted, malformed allocation: %s",
+                    meta.get("namespace"),
+                    meta.get("name"),
+                    e,
+                )
+                return
+            kinds = pod_container_kinds(pod)
+            if _init_done(pod):
+                # Finished init containers hold nothing any more: keep only app and sidecar entries.
+                devices = {
+                    v: [
+                        c if i >= len(kinds) or kinds[i] is not ContainerKind.INIT else []
+                        for i, c in enumerate(lst)
+                    ]
+                    for v, lst in devices.items()
+                }
+            grants = tuple(collapse_grants(devices, kinds))
+            old = self._pods.get(uid)
+            if old is not None and old.node == node and old.grants == grants:
+                old.reserved = False
+                return
+            self._drop_record(uid)
+            self._add_record(
+                _Pod(
+                    uid,
+                    meta.get("namespace", "default"),
+                    meta.get("name", ""),
+                    node,
+                    grants,
+                    False,
+                    time.time(),
+                )
+            )
+
+    def remove_pod(self, uid: str) -> bool:
+        """A pod was deleted (or its reservation must go): free its usage. True when something was freed."""
+        with self._lock:
+            return self._drop_record(uid) is not None
+
+    release_reservation = remove_pod
+
+    def expire_reservations(self, max_age_s: float, *, now: float | None = None) -> list[str]:
+        """Drop reservations no pod event confirmed within `max_age_s` seconds; returns their UIDs."""
+        now = time.time() if now is None else now
+        with self._lock:
+            stale = [p.uid for p in self._pods.values() if p.reserved and now - p.since > max_age_s]
+            for uid in stale:
+                self._drop_record(uid)
+        return stale
+
+    # ------------------------------------------------------------------------------------------
+    # quotas
+
+    def upsert_quota(self, quota: Mapping[str, Any]) -> None:
+        self.quota.upsert_quota(quota)
+
+    def remove_quota(self, namespace: str, name: str) -> None:
+        self.quota.remove_quota(namespace, name)
+
+    # ------------------------------------------------------------------------------------------
+    # filter
+
+    def pod_requests(self, pod: Mapping[str, Any]) -> list[ContainerSpec]:
+        """Per container (init first) its device requests. Raises InvalidRequest for bad quantities."""
+        spec = pod.get("spec") or {}
+        kinds = pod_container_kinds(pod)
+        out = []
+        for kind, c in zip(
+            kinds, [*(spec.get("initContainers") or []), *(spec.get("containers") or [])], strict=True
+        ):
+            reqs = tuple(r for v in self.vendors.values() if (r := v.container_request(c)) is not None)
+            out.append(ContainerSpec(name=c.get("name", ""), kind=kind, requests=reqs))
+        return out
+
+    def filter(
+        self, pod: Mapping[str, Any], node_names: Sequence[str], *, now: float | None = None
+    ) -> FilterOutcome:
+        """Choose a node and the exact cards for `pod` among `node_names`, and reserve them.
+
+        Nodes are tried in node-policy order (binpack: fullest first, spread: emptiest first; ties by
+        name) and the first that fits wins, which is the same as fitting all and taking the best score.
+        A retried filter for the same pod UID first drops its earlier reservation. Never raises for a
+        bad pod: the problem is in `error`.
+        """
+        meta = pod.get("metadata") or {}
+        uid, ns = meta.get("uid", ""), meta.get("namespace", "default")
+        annos = meta.get("annotations") or {}
+        try:
+            containers = self.pod_requests(pod)
+            if not any(c.requests for c in containers):
+                return FilterOutcome(no_devices=True)
+            wanted = {r.vendor for c in containers for r in c.requests}
+            selections: dict[str, Selection] = {v: self.vendors[v].selection(annos) for v in wanted}
+        except InvalidRequest as e:
+            return FilterOutcome(error=f"pod {ns}/{meta.get('name')}: {e}")
+        sched = self.config.scheduler
+        policy = choose_policies(
+            annos, node_default=sched.nodeSchedulerPolicy, card_default=sched.gpuSchedulerPolicy
+        )
+        out = FilterOutcome(warnings=policy.warnings, policy=policy)
+        with self._lock:
+            self._drop_record(uid)
+            candidates: list[_Node] = []
+            for name in node_names:
+                n = self._nodes.get(name)
+                if n is None:
+                    out.failed_nodes[name] = "node unregistered"
+                elif n.unusable:
+                    out.failed_nodes[name] = n.unusable
+                elif not any(v in n.devices for v in wanted):
+                    out.failed_nodes[name] = (
+                        "NodeInsufficientDevice: no " + "/".join(sorted(wanted)) + " device"
+                    )
+                else:
+                    candidates.append(n)
+            sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
+            candidates.sort(key=lambda n: (sign * n.current_score(), n.name))
+            quota = None
+            if self.quota.has_limits(ns):
+                quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
+            chosen = None
+            for i, n in enumerate(candidates):
+                fit = fit_pod(
+                    containers,
+                    n.view(),
+                    vendors=self.vendors,
+                    selections=selections,
+                    policy=policy,
+                    quota=quota,
+                )
+                if fit.ok:
+                    chosen = n
+                    for other in candidates[i + 1 :]:
+                        out.failed_nodes[other.name] = (
+                            f"node {n.name} preferred by node policy {policy.node.value}"
+                        )
+                    break
+                out.failed_nodes[n.name] = fit.reason_text()
+            if chosen is None:
+                return out
+            grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
+            self._add_record(_Pod(uid, ns, meta.get("name", ""), chosen.name, grants, True, time.time()))
+        out.node, out.devices = chosen.name, fit.devices
+        stamp = int(time.time() if now is None else now)
+        out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
+        for v, lst in fit.devices.items():
+            out.annotations.update(self.vendors[v].allocation_annotations(lst))
+        out.labels = {A.ASSIGNED_NODE: chosen.name}
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # snapshots
+
+    def rebuild(
+        self,
+        nodes: Iterable[Mapping[str, Any]],
+        pods: Iterable[Mapping[str, Any]],
+        quotas: Iterable[Mapping[str, Any]] = (),
+    ) -> None:
+        """Replace the whole state by what these objects say (restart, relist, failover)."""
+        with self._lock:
+            self._nodes.clear()
+            self._pods.clear()
+            self.quota = QuotaState(self.vendors)
+            for q in quotas:
+                self.quota.upsert_quota(q)
+            for n in nodes:
+                self.upsert_node(n)
+            for p in pods:
+                self.upsert_pod(p)
+
+    def card_stats(self) -> list[CardStat]:
+        """Every registered card with its usage, ordered by node then card index."""
+        with self._lock:
+            out = []
+            for name in sorted(self._nodes):
+                n = self._nodes[name]
+                for d in sorted(n.by_uuid.values(), key=lambda d: (d.vendor, d.index)):
+                    u = n.usage.get(d.uuid) or DeviceUsage()
+                    out.append(
+                        CardStat(name, d.uuid, d.index, d.type, d.vendor, d.count, u.used, d.devmem, u.usedmem,
+                                 d.devcore, u.usedcores, d.health)
+                    )  # fmt: skip
+            return out
+
+    def usage_snapshot(self) -> dict[str, dict[str, tuple[int, int, int]]]:
+        """node -> card uuid -> (slots, MiB, percent) for cards with any usage (comparisons in tests)."""
+        with self._lock:
+            return {
+                name: {
+                    u: (x.used, x.usedmem, x.usedcores)
+                    for u, x in n.usage.items()
+                    if x.used or x.usedmem or x.usedcores
+                }
+                for name, n in self._nodes.items()
+            }
+
+    def pod_node(self, uid: str) -> str | None:
+        """The node a pod is counted on (reserved or confirmed), or None."""
+        with self._lock:
+            p = self._pods.get(uid)
+            return p.node if p else None
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._nodes)
+
+    def node_unusable_reason(self, name: str) -> str | None:
+        with self._lock:
+            n = self._nodes.get(name)
+            return "node unregistered" if n is None else n.unusable

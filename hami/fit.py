@@ -1,0 +1,307 @@
+"""Fit one pod onto one node's cards (pure: usage in, assignment or reasons out).
+
+The algorithm is HAMi's (hami-legacy-spec §2.4 for containers, §2.5 for the per-card checks, in that
+order), so an operator reading HAMi's docs gets the same answers and the same reason words:
+- init containers are fitted one by one on the node's usage as it is (they run before the app
+  containers and one at a time), app containers one after another on one shared working copy, so
+  several containers of a pod may share a card, each taking one slot;
+- native sidecars (init containers with ``restartPolicy: Always``) run alongside the app containers and
+  are counted with them (HAMi counts them as init containers and under-counts);
+- a container asking N cards gets N distinct cards;
+- every card failure is a `Reason`; the node's failure text is HAMi's
+  ``"1/4 CardInsufficientMemory, 3/4 CardTimeSlicingExhausted"``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hami.model import (
+    CardGrant,
+    ContainerDevice,
+    ContainerRequest,
+    Device,
+    DeviceUsage,
+    PodDevices,
+    Selection,
+)
+from hami.scoring import CardPolicy, PolicyChoice, best_combination, card_score, order_cards
+from hami.vendors.base import Vendor
+
+
+class Reason(StrEnum):
+    """Why a card (or node) cannot take a container; values are HAMi's reason words."""
+
+    CARD_NOT_HEALTH = "CardNotHealth"
+    CARD_CORDONED = "CardCordoned"
+    CARD_TYPE_MISMATCH = "CardTypeMismatch"
+    NUMA_NOT_FIT = "NumaNotFit"
+    CARD_UUID_MISMATCH = "CardUuidMismatch"
+    CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
+    EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
+    RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
+    CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
+    CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
+    CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
+    ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
+    NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+
+
+class ContainerKind(StrEnum):
+    INIT = "init"
+    SIDECAR = "sidecar"  # init container with restartPolicy: Always
+    APP = "app"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """One container's device requests (one per vendor it asks for)."""
+
+    name: str
+    kind: ContainerKind
+    requests: tuple[ContainerRequest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What the fit needs of a node: its cards per vendor, per-card usage, cordoned UUIDs, pair scores."""
+
+    name: str
+    devices: Mapping[str, Sequence[Device]]
+    usage: Mapping[str, DeviceUsage]
+    cordoned: frozenset[str] = frozenset()
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+#: quota_ok(vendor, pod_mem_mib, pod_cores_percent) -> whether the namespace quota allows the pod that big.
+QuotaCheck = Callable[[str, int, int], bool]
+
+
+@dataclass(slots=True)
+class NodeFit:
+    """Result of fitting a pod on one node.
+
+    `devices`: per vendor, one list per container (init first) — only when `ok`.
+    `reasons`: per-card failure counts of the container that failed, `total` cards considered.
+    """
+
+    ok: bool
+    devices: PodDevices = field(default_factory=dict)
+    reasons: Counter[Reason] = field(default_factory=Counter)
+    total: int = 0
+
+    def reason_text(self) -> str:
+        """HAMi's failure text: ``"1/4 CardInsufficientMemory, 3/4 CardTimeSlicingExhausted"`` (sorted)."""
+        return ", ".join(sorted(f"{n}/{self.total} {r.value}" for r, n in self.reasons.items()))
+
+
+_ZERO = DeviceUsage()
+
+
+def check_card(
+    d: Device,
+    u: DeviceUsage,
+    req: ContainerRequest,
+    mem: int,
+    sel: Selection,
+    vendor: Vendor,
+    *,
+    mutex: bool,
+    cordoned: frozenset[str],
+    quota_ok: Callable[[int, int], bool] | None,
+) -> Reason | None:
+    """The per-card checks of §2.5 in HAMi's order; None when the card can take the request."""
+    if not d.health:
+        return Reason.CARD_NOT_HEALTH
+    if d.uuid in cordoned:
+        return Reason.CARD_CORDONED
+    if (sel.use_types or sel.nouse_types or sel.mode) and not vendor.type_matches(d, sel):
+        return Reason.CARD_TYPE_MISMATCH
+    if (sel.use_uuids and d.uuid not in sel.use_uuids) or d.uuid in sel.nouse_uuids:
+        return Reason.CARD_UUID_MISMATCH
+    if d.count <= u.used:
+        return Reason.CARD_TIME_SLICING_EXHAUSTED
+    if mutex and u.used > 0:
+        return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    cores = min(req.coresreq, 100)
+    if quota_ok is not None and not quota_ok(mem, cores):
+        return Reason.RESOURCE_QUOTA_NOT_FIT
+    if d.devmem - u.usedmem < mem:
+        return Reason.CARD_INSUFFICIENT_MEMORY
+    if d.devcore - u.usedcores < cores:
+        return Reason.CARD_INSUFFICIENT_CORE
+    if d.devcore == 100 and cores == 100 and u.used > 0:
+        return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    if d.devcore != 0 and u.usedcores == d.devcore and cores == 0:
+        return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
+    return None
+
+
+def fit_container(
+    req: ContainerRequest,
+    cards: Sequence[Device],
+    usage: Callable[[str], DeviceUsage],
+    *,
+    vendor: Vendor,
+    selection: Selection,
+    policy: PolicyChoice,
+    cordoned: frozenset[str] = frozenset(),
+    pair_scores: Mapping[str, Mapping[str, int]] | None = None,
+    quota_ok: Callable[[int, int], bool] | None = None,
+) -> tuple[list[ContainerDevice] | None, Counter[Reason]]:
+    """Choose `req.nums` distinct cards for one container request, or return the per-card reasons."""
+    reasons: Counter[Reason] = Counter()
+    if req.nums > len(cards):
+        reasons[Reason.NODE_INSUFFICIENT_DEVICE] = len(cards) or 1
+        return None, reasons
+    passing: list[tuple[Device, DeviceUsage, int]] = []
+    mutex = policy.mutex
+    for d in cards:
+        u = usage(d.uuid)
+        mem = req.memory_on(d)
+        r = check_card(d, u, req, mem, selection, vendor, mutex=mutex, cordoned=cordoned, quota_ok=quota_ok)
+        if r is None:
+            passing.append((d, u, mem))
+        else:
+            reasons[r] += 1
+    cores = min(req.coresreq, 100)
+    scored = [(d, u, card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing]
+    if selection.numa_bind and req.nums > 1:
+        scored = _pick_numa_group(scored, req.nums, policy, reasons)
+    if len(scored) < req.nums:
+        if scored:
+            reasons[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(scored)
+        return None, reasons
+    ordered = order_cards(scored, policy.cards)
+    if policy.topology_aware and len(ordered) > req.nums:
+        chosen = set(best_combination([d.uuid for d, _, _ in ordered], req.nums, pair_scores or {}))
+        ordered = [x for x in ordered if x[0].uuid in chosen]
+    out = []
+    for d, _, _ in ordered[: req.nums]:
+        out.append(ContainerDevice(uuid=d.uuid, type=req.vendor, usedmem=req.memory_on(d), usedcores=cores))
+    return out, reasons
+
+
+def _pick_numa_group(
+    scored: list[tuple[Device, DeviceUsage, float]], nums: int, policy: PolicyChoice, reasons: Counter[Reason]
+) -> list[tuple[Device, DeviceUsage, float]]:
+    """All cards of a numa-bind container on one NUMA node: pick the group the card policy prefers.
+
+    The group is judged by its best `nums` cards (binpack: fullest, spread: emptiest), so NUMA never
+    outranks utilisation. Cards of groups too small for the request count as NumaNotFit.
+    """
+    groups: dict[int, list[tuple[Device, DeviceUsage, float]]] = {}
+    for item in scored:
+        groups.setdefault(item[0].numa, []).append(item)
+    big = {n: order_cards(g, policy.cards)[:nums] for n, g in groups.items() if len(g) >= nums}
+    for n, g in groups.items():
+        if n not in big:
+            reasons[Reason.NUMA_NOT_FIT] += len(g)
+    if not big:
+        return []
+    utilisation = [p for p in policy.cards if p in (CardPolicy.BINPACK, CardPolicy.SPREAD)]
+    binpack = bool(utilisation) and utilisation[0] is CardPolicy.BINPACK
+
+    def group_key(n: int) -> tuple[float, int]:
+        s = sum(x[2] for x in big[n])
+        return (-s if binpack else s, n)
+
+    return groups[min(big, key=group_key)]
+
+
+def fit_pod(
+    containers: Sequence[ContainerSpec],
+    node: NodeView,
+    *,
+    vendors: Mapping[str, Vendor],
+    selections: Mapping[str, Selection],
+    policy: PolicyChoice,
+    quota: QuotaCheck | None = None,
+) -> NodeFit:
+    """Fit every container of a pod on `node` (§2.4). Returns NodeFit; never raises for a misfit."""
+    base = node.usage
+    work: dict[str, DeviceUsage] = {}
+
+    def app_usage(uuid: str) -> DeviceUsage:
+        return work.get(uuid) or base.get(uuid) or _ZERO
+
+    def base_usage(uuid: str) -> DeviceUsage:
+        return base.get(uuid) or _ZERO
+
+    wanted = {r.vendor for c in containers for r in c.requests}
+    devices: PodDevices = {v: [[] for _ in containers] for v in wanted}
+    pod_totals: dict[str, list[int]] = {v: [0, 0] for v in wanted}
+    for i, c in enumerate(containers):
+        shared = c.kind is not ContainerKind.INIT
+        for req in c.requests:
+            cards = node.devices.get(req.vendor, ())
+            q = None
+            if quota is not None:
+                t = pod_totals[req.vendor] if shared else [0, 0]
+                q = _bind_quota(quota, req.vendor, t)
+            got, reasons = fit_container(
+                req,
+                cards,
+                app_usage if shared else base_usage,
+                vendor=vendors[req.vendor],
+                selection=selections.get(req.vendor, Selection()),
+                policy=policy,
+                cordoned=node.cordoned,
+                pair_scores=node.pair_scores,
+                quota_ok=q,
+            )
+            if got is None:
+                return NodeFit(ok=False, reasons=reasons, total=max(len(cards), 1))
+            devices[req.vendor][i] = got
+            if shared:
+                for cd in got:
+                    u = work.get(cd.uuid)
+                    if u is None:
+                        u = work[cd.uuid] = base_usage(cd.uuid).copy()
+                    u.add(cd.usedmem, cd.usedcores)
+                    pod_totals[req.vendor][0] += cd.usedmem
+                    pod_totals[req.vendor][1] += cd.usedcores
+    return NodeFit(ok=True, devices=devices)
+
+
+def _bind_quota(quota: QuotaCheck, vendor: str, totals: list[int]) -> Callable[[int, int], bool]:
+    return lambda mem, cores: quota(vendor, totals[0] + mem, totals[1] + cores)
+
+
+def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list[CardGrant]:
+    """Usage a pod holds per card (§2.2.2 collapse rule, sidecars counted with app containers).
+
+    Per (vendor, uuid): memory/cores = max(largest init container, sum of app + sidecar containers);
+    slots = max(1 if only init containers use it, number of app + sidecar containers on it).
+    Entries beyond `kinds` are treated as app containers.
+    """
+    out: list[CardGrant] = []
+    for vendor, per_container in devices.items():
+        init: dict[str, list[int]] = {}
+        app: dict[str, list[int]] = {}
+        order: list[str] = []
+        for i, cds in enumerate(per_container):
+            kind = kinds[i] if i < len(kinds) else ContainerKind.APP
+            for cd in cds:
+                if cd.uuid not in init and cd.uuid not in app:
+                    order.append(cd.uuid)
+                if kind is ContainerKind.INIT:
+                    m = init.setdefault(cd.uuid, [0, 0])
+                    m[0], m[1] = max(m[0], cd.usedmem), max(m[1], cd.usedcores)
+                else:
+                    a = app.setdefault(cd.uuid, [0, 0, 0])
+                    a[0] += cd.usedmem
+                    a[1] += cd.usedcores
+                    a[2] += 1
+        for uuid in order:
+            im, ic = init.get(uuid, (0, 0))
+            am, ac, an = app.get(uuid, (0, 0, 0))
+            out.append(
+                CardGrant(
+                    uuid=uuid, vendor=vendor, usedmem=max(im, am), usedcores=max(ic, ac), slots=max(an, 1)
+                )
+            )
+    return out

@@ -1,0 +1,208 @@
+"""Node and card policies: which node wins, and in which order a node's cards are tried.
+
+Follows HAMi's policies (hami-legacy-spec §2.6) with two deliberate corrections:
+- the per-card score includes the container's own request (HAMi compares the request type `NVIDIA` with
+  the device type `NVIDIA-<model>`, so its request term is always 0 and the score is pure utilisation);
+- with `nvidia.com/numa-bind`, NUMA is a grouping constraint handled by the fit, not a primary sort key,
+  so under `spread` a busy NUMA node is not filled before an idle one.
+Orders here are "preferred first" (HAMi sorts ascending and scans from the tail).
+An unknown policy value from a pod annotation falls back to the configured default and is reported
+(`PolicyChoice.warnings`), never silently changing behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from hami import annotations as A
+from hami.config import CARD_POLICIES, NODE_POLICIES
+from hami.errors import InvalidRequest
+from hami.model import Device, DeviceUsage
+
+
+class NodePolicy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+class CardPolicy(StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+    NUMA = "numa"
+    MUTEX = "mutex"
+    TOPOLOGY_AWARE = "topology-aware"
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringWeights:
+    """Weights of the per-card score terms (`hami.io/device-scoring-weights: slot=1,core=1,memory=3`)."""
+
+    slot: int = 1
+    core: int = 1
+    memory: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyChoice:
+    """The policies in force for one pod, and warnings about annotation values that were not used."""
+
+    node: NodePolicy
+    cards: tuple[CardPolicy, ...]
+    weights: ScoringWeights = ScoringWeights()
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def mutex(self) -> bool:
+        return CardPolicy.MUTEX in self.cards
+
+    @property
+    def topology_aware(self) -> bool:
+        return CardPolicy.TOPOLOGY_AWARE in self.cards
+
+
+def parse_card_policy(value: str) -> tuple[CardPolicy, ...]:
+    """A card policy or an ordered comma chain (``"binpack,numa"``), trimmed. Raises InvalidRequest."""
+    parts = [p.strip().lower() for p in value.split(",") if p.strip()]
+    if not parts:
+        raise InvalidRequest(
+            f"{A.GPU_SCHEDULER_POLICY}: empty value; valid: {', '.join(CARD_POLICIES)} or a comma chain"
+        )
+    bad = [p for p in parts if p not in CARD_POLICIES]
+    if bad:
+        raise InvalidRequest(
+            f"{A.GPU_SCHEDULER_POLICY}: unknown policy {bad[0]!r}; valid: {', '.join(CARD_POLICIES)} "
+            "or a comma chain of them such as 'binpack,numa'"
+        )
+    return tuple(CardPolicy(p) for p in parts)
+
+
+def parse_node_policy(value: str) -> NodePolicy:
+    """``binpack`` or ``spread`` (trimmed, case-insensitive). Raises InvalidRequest."""
+    v = value.strip().lower()
+    if v not in NODE_POLICIES:
+        raise InvalidRequest(
+            f"{A.NODE_SCHEDULER_POLICY}: unknown policy {value!r}; valid: {', '.join(NODE_POLICIES)}"
+        )
+    return NodePolicy(v)
+
+
+def parse_weights(value: str) -> ScoringWeights:
+    """``slot=1,core=1,memory=3``: exactly these three keys, integers >= 0, at least one > 0.
+
+    Raises InvalidRequest naming the annotation and the valid form.
+    """
+    form = f"{A.DEVICE_SCORING_WEIGHTS}: {value!r}; valid form 'slot=N,core=N,memory=N' with integers >= 0, one > 0"
+    out: dict[str, int] = {}
+    for part in value.split(","):
+        k, sep, v = part.partition("=")
+        k, v = k.strip(), v.strip()
+        if not sep or k not in ("slot", "core", "memory") or k in out or not v.isdigit():
+            raise InvalidRequest(form)
+        out[k] = int(v)
+    if set(out) != {"slot", "core", "memory"} or not any(out.values()):
+        raise InvalidRequest(form)
+    return ScoringWeights(**out)
+
+
+def choose_policies(annotations: Mapping[str, str], *, node_default: str, card_default: str) -> PolicyChoice:
+    """Policies for a pod: its override annotations when valid, else the configured defaults (with a warning)."""
+    warnings: list[str] = []
+    node = NodePolicy(node_default)
+    cards = parse_card_policy(card_default)
+    weights = ScoringWeights()
+    if (v := annotations.get(A.NODE_SCHEDULER_POLICY)) is not None:
+        try:
+            node = parse_node_policy(v)
+        except InvalidRequest as e:
+            warnings.append(f"{e}; using the default {node_default!r}")
+    if (v := annotations.get(A.GPU_SCHEDULER_POLICY)) is not None:
+        try:
+            cards = parse_card_policy(v)
+        except InvalidRequest as e:
+            warnings.append(f"{e}; using the default {card_default!r}")
+    if (v := annotations.get(A.DEVICE_SCORING_WEIGHTS)) is not None:
+        try:
+            weights = parse_weights(v)
+        except InvalidRequest as e:
+            warnings.append(f"{e}; using the default slot=1,core=1,memory=1")
+    return PolicyChoice(node=node, cards=cards, weights=weights, warnings=tuple(warnings))
+
+
+def card_score(device: Device, usage: DeviceUsage, *, mem: int, cores: int, weights: ScoringWeights) -> float:
+    """Per-card score (0..~30) with this container's request included (`mem` MiB, `cores` percent).
+
+    ``10 x (w_slot (1 + used)/count + w_core (cores + usedcores)/devcore + w_mem (mem + usedmem)/devmem)``;
+    0 when a denominator is 0 (HAMi §2.6).
+    """
+    if device.count <= 0 or device.devcore <= 0 or device.devmem <= 0:
+        return 0.0
+    return 10.0 * (
+        weights.slot * (1 + usage.used) / device.count
+        + weights.core * (cores + usage.usedcores) / device.devcore
+        + weights.memory * (mem + usage.usedmem) / device.devmem
+    )
+
+
+def order_cards(
+    cards: Sequence[tuple[Device, DeviceUsage, float]], policies: Sequence[CardPolicy]
+) -> list[tuple[Device, DeviceUsage, float]]:
+    """Order (device, usage, score) preferred-first by the policy chain; ties by device index.
+
+    binpack: higher score first; spread: lower score first; numa: lower NUMA node first;
+    mutex: idle cards first; topology-aware acts in the fit, not here.
+    """
+
+    def key(item: tuple[Device, DeviceUsage, float]) -> tuple:
+        d, u, s = item
+        k: list[float] = []
+        for p in policies:
+            if p is CardPolicy.BINPACK:
+                k.append(-s)
+            elif p is CardPolicy.SPREAD:
+                k.append(s)
+            elif p is CardPolicy.NUMA:
+                k.append(d.numa)
+            elif p is CardPolicy.MUTEX:
+                k.append(u.used)
+        if len(policies) == 1 and policies[0] in (CardPolicy.BINPACK, CardPolicy.SPREAD):
+            k.append(d.numa)  # HAMi: ties by NUMA ascending
+        k.append(d.index)
+        return tuple(k)
+
+    return sorted(cards, key=key)
+
+
+def node_score(count: int, used: int, totalcore: int, usedcores: int, totalmem: int, usedmem: int) -> float:
+    """Node utilisation score (0..30) before the pod: ``10 x (used/count + usedcores/totalcore + usedmem/totalmem)``."""
+    s = 0.0
+    if count:
+        s += used / count
+    if totalcore:
+        s += usedcores / totalcore
+    if totalmem:
+        s += usedmem / totalmem
+    return 10.0 * s
+
+
+def best_combination(
+    candidates: Sequence[str], n: int, pair_scores: Mapping[str, Mapping[str, int]]
+) -> list[str]:
+    """Topology-aware choice (§2.5): 1 card -> the one least connected to the other candidates (keeping
+    well-connected cards free); n cards -> the n-combination with the highest total pair score.
+    Ties keep the candidates' order (preferred first).
+    """
+    from itertools import combinations
+
+    def pair(a: str, b: str) -> int:
+        return pair_scores.get(a, {}).get(b, 0)
+
+    if n == 1:
+        return [min(candidates, key=lambda c: sum(pair(c, o) for o in candidates if o != c))]
+    best, best_total = list(candidates[:n]), -1
+    for combo in combinations(candidates, n):
+        total = sum(pair(a, b) for a, b in combinations(combo, 2))
+        if total > best_total:
+            best, best_total = list(combo), total
+    return best
