@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from hami import annotations as A
 from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
-from hami.fit import ContainerKind, ContainerSpec, NodeView, collapse_grants, fit_pod
+from hami.fit import ContainerKind, ContainerSpec, NodeFit, NodeView, Reason, collapse_grants, fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies, node_score
@@ -74,6 +75,94 @@ class FilterOutcome:
     policy: PolicyChoice | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """Per-card free capacity of one vendor's cards on a node, cached until the node's usage changes.
+
+    Lets a filter reject full nodes with the same per-card reasons as the fit (health, cordon, slots,
+    memory, cores, exclusivity) without running it; type rules are checked too. UUID, mode, mutex and
+    quota rules are left to the fit, so passing here is a necessary condition only.
+    """
+
+    cards: int
+    types: tuple[str, ...]
+    # (reason or None, free MiB, card MiB, free percent of cores, used slots, cores fully booked)
+    per_card: tuple[tuple[Reason | None, int, int, int, int, bool], ...]
+    # Verdicts by demand: most pods ask alike, and a node's summary lives until its usage changes.
+    memo: dict[_Need, str | None] = field(default_factory=dict)
+
+    @staticmethod
+    def of(devices: Sequence[Device], usage: Mapping[str, DeviceUsage], cordoned: frozenset[str]) -> _Summary:
+        rows = []
+        for d in devices:
+            u = usage.get(d.uuid) or _ZERO
+            code = None
+            if not d.health:
+                code = Reason.CARD_NOT_HEALTH
+            elif d.uuid in cordoned:
+                code = Reason.CARD_CORDONED
+            elif u.used >= d.count:
+                code = Reason.CARD_TIME_SLICING_EXHAUSTED
+            full = d.devcore != 0 and u.usedcores == d.devcore
+            rows.append((code, d.devmem - u.usedmem, d.devmem, d.devcore - u.usedcores, u.used, full))
+        return _Summary(len(devices), tuple({d.type.lower() for d in devices}), tuple(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class _Need:
+    """The largest single-card demand of a pod for one vendor (for `_Summary` checks)."""
+
+    nums: int
+    mem: int  # MiB, 0 when given as a percentage
+    pct: int  # percent of a card's memory, 0 when given in MiB
+    cores: int
+    use_types: tuple[str, ...]
+
+    def misfit(self, s: _Summary) -> str | None:
+        """The fit's reason text when too few cards of the node can take the demand, else None."""
+        try:
+            return s.memo[self]
+        except KeyError:
+            verdict = s.memo[self] = self._misfit(s)
+            return verdict
+
+    def _misfit(self, s: _Summary) -> str | None:
+        if self.use_types and not any(u in t for t in s.types for u in self.use_types):
+            return f"{s.cards}/{s.cards} CardTypeMismatch"
+        ok = 0
+        codes: list[Reason] = []
+        cores = self.cores
+        for code, free_mem, devmem, free_cores, used, full in s.per_card:
+            if code is None:
+                if free_mem < (self.mem or devmem * self.pct // 100):
+                    code = Reason.CARD_INSUFFICIENT_MEMORY
+                elif free_cores < cores:
+                    code = Reason.CARD_INSUFFICIENT_CORE
+                elif cores == 100 and used > 0:
+                    code = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+                elif full and cores == 0:
+                    code = Reason.CARD_COMPUTE_UNITS_EXHAUSTED
+                else:
+                    ok += 1
+                    continue
+            codes.append(code)
+        if ok >= self.nums:
+            return None
+        if self.nums > s.cards:
+            return NodeFit(
+                ok=False,
+                reasons=Counter({Reason.NODE_INSUFFICIENT_DEVICE: s.cards or 1}),
+                total=max(s.cards, 1),
+            ).reason_text()
+        counts: Counter[Reason] = Counter(codes)
+        if ok:
+            counts[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += ok
+        return NodeFit(ok=False, reasons=counts, total=s.cards).reason_text()
+
+
+_ZERO = DeviceUsage()
+
+
 @dataclass(slots=True)
 class _Node:
     name: str
@@ -85,6 +174,17 @@ class _Node:
     unusable: str | None = None
     pods: set[str] = field(default_factory=set)
     score: float | None = None  # cached node_score, None = stale
+    summaries: dict[str, _Summary] = field(default_factory=dict)  # per vendor, cleared on any change
+
+    def touch(self) -> None:
+        self.score = None
+        self.summaries.clear()
+
+    def summary(self, vendor: str) -> _Summary:
+        s = self.summaries.get(vendor)
+        if s is None:
+            s = self.summaries[vendor] = _Summary.of(self.devices.get(vendor, ()), self.usage, self.cordoned)
+        return s
 
     def view(self) -> NodeView:
         return NodeView(self.name, self.devices, self.usage, self.cordoned, self.pair_scores)
@@ -114,6 +214,25 @@ class _Pod:
     grants: tuple[CardGrant, ...]
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
+
+
+def _needs(containers: Sequence[ContainerSpec], selections: Mapping[str, Selection]) -> dict[str, _Need]:
+    out: dict[str, _Need] = {}
+    for c in containers:
+        for r in c.requests:
+            prev = out.get(r.vendor)
+            pct = r.mem_percentage if r.memreq <= 0 and r.mem_percentage <= 100 else 0
+            sel = selections.get(r.vendor)
+            # UUID, mode and nouse rules are left to the fit; they are rare and need the card list.
+            use = tuple(u.lower() for u in sel.use_types) if sel and not sel.mode else ()
+            need = _Need(r.nums, r.memreq, pct, min(r.coresreq, 100), use)
+            if prev is not None:
+                need = _Need(
+                    max(prev.nums, need.nums), max(prev.mem, need.mem), max(prev.pct, need.pct),
+                    max(prev.cores, need.cores), prev.use_types,
+                )  # fmt: skip
+            out[r.vendor] = need
+    return out
 
 
 def pod_container_kinds(pod: Mapping[str, Any]) -> list[ContainerKind]:
@@ -222,7 +341,7 @@ class ClusterState:
             p = self._pods.get(uid)
             if p is not None:
                 self._apply(n, p.grants, +1)
-        n.score = None
+        n.touch()
 
     @staticmethod
     def _apply(n: _Node, grants: Iterable[CardGrant], sign: int) -> None:
@@ -236,7 +355,7 @@ class ClusterState:
                 u.add(g.usedmem, g.usedcores, g.slots)
             else:
                 u.sub(g.usedmem, g.usedcores, g.slots)
-        n.score = None
+        n.touch()
 
     # ------------------------------------------------------------------------------------------
     # pods
@@ -390,17 +509,24 @@ class ClusterState:
         out = FilterOutcome(warnings=policy.warnings, policy=policy)
         with self._lock:
             self._drop_record(uid)
+            needs = _needs(containers, selections)
             candidates: list[_Node] = []
+            failed = out.failed_nodes
             for name in node_names:
                 n = self._nodes.get(name)
                 if n is None:
-                    out.failed_nodes[name] = "node unregistered"
-                elif n.unusable:
-                    out.failed_nodes[name] = n.unusable
-                elif not any(v in n.devices for v in wanted):
-                    out.failed_nodes[name] = (
-                        "NodeInsufficientDevice: no " + "/".join(sorted(wanted)) + " device"
-                    )
+                    failed[name] = "node unregistered"
+                    continue
+                if n.unusable:
+                    failed[name] = n.unusable
+                    continue
+                for v, need in needs.items():
+                    if v not in n.devices:
+                        failed[name] = f"NodeInsufficientDevice: no {v} device"
+                        break
+                    if (why := need.misfit(n.summary(v))) is not None:
+                        failed[name] = why
+                        break
                 else:
                     candidates.append(n)
             sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
@@ -484,6 +610,21 @@ class ClusterState:
                 }
                 for name, n in self._nodes.items()
             }
+
+    def pod_grants(self) -> list[tuple[str, str, str, tuple[CardGrant, ...]]]:
+        """Every counted pod as (namespace, name, node, collapsed card grants), for per-pod metrics."""
+        with self._lock:
+            return [(p.namespace, p.name, p.node, p.grants) for p in self._pods.values()]
+
+    def quota_stats(self) -> list[tuple[str, str, int, int]]:
+        """(namespace, resource, used, limit) for every quota-limited resource (HAMi's quota metrics)."""
+        q = self.quota
+        with q._lock:  # noqa: SLF001 - a read-only snapshot of QuotaState's counters
+            return [
+                (ns, res, q._used.get(ns, {}).get(res, 0), limit)
+                for ns in sorted(q._limits)
+                for res, limit in sorted(q._limits[ns].items())
+            ]
 
     def pod_node(self, uid: str) -> str | None:
         """The node a pod is counted on (reserved or confirmed), or None."""

@@ -26,7 +26,9 @@ class WebhookMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.reviews = Counter(
-            "hami_webhook_reviews_total", "Admission reviews answered, by result", ["result"],
+            "hami_webhook_reviews_total",
+            "Admission reviews answered, by result",
+            ["result"],
             registry=self.registry,
         )
         for result in RESULTS:
@@ -38,7 +40,9 @@ class WebhookMetrics:
             registry=self.registry,
         )
         self.cert_reloads = Counter(
-            "hami_webhook_cert_reloads_total", "TLS certificate reload attempts, by result", ["result"],
+            "hami_webhook_cert_reloads_total",
+            "TLS certificate reload attempts, by result",
+            ["result"],
             registry=self.registry,
         )
         self.warnings = Counter(

@@ -9,7 +9,6 @@ any conforming implementation yields the mutated pod (tests apply it with `jsonp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 Op = dict[str, Any]
@@ -26,7 +25,7 @@ def pointer(*tokens: str | int) -> str:
 
 
 def diff(original: Any, mutated: Any, path: str = "") -> list[Op]:
-    """Operations that turn `original` into `mutated` (both JSON-compatible values).
+    """Operations that turn `original` into `mutated` (JSON values as `json.loads` returns them).
 
     Objects are compared member by member: members gone from `mutated` are `remove`d (in the original's
     order), changed members are diffed recursively, new members are `add`ed (in the mutated order).
@@ -34,16 +33,19 @@ def diff(original: Any, mutated: Any, path: str = "") -> list[Op]:
     ``add .../-`` per new element (the env-append case); any other list change replaces the list.
     A type change at `path` replaces the value. Returns [] when the values are equal.
     """
-    if original == mutated and type(original) is type(mutated):
-        return []
-    if isinstance(original, Mapping) and isinstance(mutated, Mapping):
+    if isinstance(original, dict) and isinstance(mutated, dict):
         ops: list[Op] = []
         for key in original:
             if key not in mutated:
                 ops.append({"op": "remove", "path": f"{path}/{escape(key)}"})
-        for key in original:
+        for key, value in original.items():
             if key in mutated:
-                ops.extend(diff(original[key], mutated[key], f"{path}/{escape(key)}"))
+                other = mutated[key]
+                # Most of a pod is unchanged: the C-level == rules those members out cheaply; _same
+                # then only guards against Python's True == 1.
+                if value == other and _same(value, other):
+                    continue
+                ops.extend(diff(value, other, f"{path}/{escape(key)}"))
         for key, value in mutated.items():
             if key not in original:
                 ops.append({"op": "add", "path": f"{path}/{escape(key)}", "value": value})
@@ -54,8 +56,10 @@ def diff(original: Any, mutated: Any, path: str = "") -> list[Op]:
             for i, (a, b) in enumerate(zip(original, mutated, strict=True)):
                 ops.extend(diff(a, b, f"{path}/{i}"))
             return ops
-        if len(mutated) > len(original) and list(mutated[: len(original)]) == list(original):
+        if len(mutated) > len(original) and _same(list(mutated[: len(original)]), list(original)):
             return [{"op": "add", "path": f"{path}/-", "value": v} for v in mutated[len(original) :]]
+    if _same(original, mutated):
+        return []
     if path == "":
         # The document root itself: RFC 6902 allows replacing "" but not every library does; never
         # reached for pods (both sides are objects), kept total for callers diffing scalars.
@@ -63,5 +67,26 @@ def diff(original: Any, mutated: Any, path: str = "") -> list[Op]:
     return [{"op": "replace", "path": path, "value": mutated}]
 
 
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: like ``==`` but ``true`` is not ``1`` (Python says True == 1)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
 def _is_list(value: Any) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+    # Concrete types only: the values come from json.loads, and abc isinstance checks are slow.
+    return isinstance(value, list | tuple)
+
+
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON value (dicts, lists, scalars), several times faster than copy.deepcopy."""
+    if isinstance(value, dict):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value

@@ -79,23 +79,24 @@ def allow(*, patch: Sequence[Mapping[str, Any]] = (), warnings: Sequence[str] = 
     return Decision(allowed=True, patch=list(patch), warnings=list(warnings))
 
 
-def deny(message: str, *, code: int = 403, reason: str = "Forbidden", warnings: Sequence[str] = ()) -> Decision:
+def deny(
+    message: str, *, code: int = 403, reason: str = "Forbidden", warnings: Sequence[str] = ()
+) -> Decision:
     """A denial; `message` is what the user sees after `admission webhook "..." denied the request: `."""
     return Decision(allowed=False, message=message, code=code, reason=reason, warnings=list(warnings))
 
 
-def _field(obj: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str, *, default: Any = None):
-    value = obj.get(key, default)
+_JSON_TYPES = {dict: "an object", str: "a string", bool: "a boolean"}
+
+
+def _field(obj: Mapping[str, Any], key: str, typ: type, where: str, *, default: Any = None) -> Any:
+    """`obj[key]` when it has JSON type `typ`, `default` when absent or null; else ReviewError."""
+    value = obj.get(key)
     if value is None:
         return default
-    if not isinstance(value, types):
-        names = types.__name__ if isinstance(types, type) else " or ".join(t.__name__ for t in types)
-        raise ReviewError(f"{where}.{key} must be {_json_type(names)}, got {type(value).__name__}")
+    if not isinstance(value, typ):
+        raise ReviewError(f"{where}.{key} must be {_JSON_TYPES[typ]}, got {type(value).__name__}")
     return value
-
-
-def _json_type(python_names: str) -> str:
-    return python_names.replace("dict", "an object").replace("str", "a string").replace("bool", "a boolean")
 
 
 def decode_review(body: bytes | str) -> AdmissionRequest:
@@ -139,25 +140,6 @@ def decode_review(body: bytes | str) -> AdmissionRequest:
         object=obj,
         dry_run=bool(_field(request, "dryRun", bool, "request", default=False)),
     )
-
-
-def peek_version_and_uid(body: bytes | str) -> tuple[str, str] | None:
-    """Best effort (apiVersion, uid) of a body that `decode_review` rejected, or None.
-
-    Used to answer a recognisable review with a denial instead of a bare 400 when only the pod part is
-    broken; None when the body is beyond answering in kind.
-    """
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(doc, dict) or doc.get("apiVersion") not in SUPPORTED_VERSIONS:
-        return None
-    request = doc.get("request")
-    uid = request.get("uid") if isinstance(request, dict) else None
-    if doc.get("kind") != "AdmissionReview" or not isinstance(uid, str) or not uid:
-        return None
-    return doc["apiVersion"], uid
 
 
 def encode_patch(patch: Sequence[Mapping[str, Any]]) -> str:

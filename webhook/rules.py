@@ -77,7 +77,9 @@ def check_scoring_weights(value: str) -> None:
             )
         seen[name] = int(number)
     if set(seen) != set(WEIGHT_KEYS) or not any(seen.values()):
-        raise InvalidRequest(f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {value!r} is invalid; valid: {valid}")
+        raise InvalidRequest(
+            f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {value!r} is invalid; valid: {valid}"
+        )
 
 
 POLICY_CHECKS = {
@@ -119,7 +121,9 @@ def annotation_warnings(
     out: list[str] = []
     for key in annotations:
         if key in resource_names:
-            out.append(f"annotation {key} is not a device request: put it in the container's resources.limits")
+            out.append(
+                f"annotation {key} is not a device request: put it in the container's resources.limits"
+            )
         elif key in selection_keys:
             if not has_devices:
                 out.append(f"annotation {key} has no effect: the pod asks for no device")

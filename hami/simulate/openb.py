@@ -33,7 +33,9 @@ class _Rows:
         self.reader = csv.reader(text.splitlines())
         header = next(self.reader, None)
         if header is None:
-            raise TraceError(self.source, 1, f"empty file; expected a header with columns {', '.join(required)}")
+            raise TraceError(
+                self.source, 1, f"empty file; expected a header with columns {', '.join(required)}"
+            )
         self.header = [h.strip() for h in header]
         missing = [c for c in required if c not in self.header]
         if missing:
@@ -62,7 +64,9 @@ class _Rows:
     def error(self, line: int, column: str, message: str) -> TraceError:
         return TraceError(self.source, line, f"column {self.index[column] + 1} ({column}): {message}")
 
-    def integer(self, row: list[str], line: int, column: str, *, low: int = 0, high: int | None = None) -> int:
+    def integer(
+        self, row: list[str], line: int, column: str, *, low: int = 0, high: int | None = None
+    ) -> int:
         raw = self.get(row, column)
         try:
             value = int(raw)
@@ -122,7 +126,9 @@ def load_nodes(
             )
         card_mib = gpu_models.get(model, 0)
         nodes.append(
-            gpu_node(name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, model=model, card_mib=card_mib, config=config)
+            gpu_node(
+                name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, model=model, card_mib=card_mib, config=config
+            )
         )
     if not nodes:
         raise TraceError(rows.source, None, "no node rows")
@@ -155,7 +161,9 @@ def load_pods(
         num_gpu = rows.integer(row, line, "num_gpu", high=64)
         gpu_milli = rows.integer(row, line, "gpu_milli", high=1000)
         if num_gpu == 0 and gpu_milli != 0:
-            raise rows.error(line, "gpu_milli", f"{gpu_milli} on a row with num_gpu 0; a CPU-only pod has gpu_milli 0")
+            raise rows.error(
+                line, "gpu_milli", f"{gpu_milli} on a row with num_gpu 0; a CPU-only pod has gpu_milli 0"
+            )
         if num_gpu > 0 and gpu_milli == 0:
             raise rows.error(line, "gpu_milli", f"0 on a row with num_gpu {num_gpu}; valid: 1..1000")
         spec = rows.get(row, "gpu_spec").split("|") if rows.has("gpu_spec") else []

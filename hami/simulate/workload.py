@@ -123,7 +123,9 @@ def parse_gpu_models(spec: str, *, base: Mapping[str, int] | None = None) -> dic
         if not sep or not name or not mib.strip().isdigit() or int(mib) <= 0:
             raise InvalidRequest(f"--gpu-models: {entry!r} must be MODEL=MiB with MiB a positive integer")
         if any(c in name for c in ",|:; "):
-            raise InvalidRequest(f"--gpu-models: model name {name!r} must not contain ',', '|', ':', ';' or spaces")
+            raise InvalidRequest(
+                f"--gpu-models: model name {name!r} must not contain ',', '|', ':', ';' or spaces"
+            )
         out[name] = int(mib)
     return out
 
@@ -171,9 +173,13 @@ def gpu_node(
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": name, "annotations": annotations},
-        "status": {"allocatable": {"cpu": f"{cpu_milli}m", "memory": f"{memory_mib}Mi", "pods": str(max_pods)}},
+        "status": {
+            "allocatable": {"cpu": f"{cpu_milli}m", "memory": f"{memory_mib}Mi", "pods": str(max_pods)}
+        },
     }
-    return SimNode(name=name, cpu_milli=cpu_milli, memory_mib=memory_mib, max_pods=max_pods, obj=obj, cards=cards)
+    return SimNode(
+        name=name, cpu_milli=cpu_milli, memory_mib=memory_mib, max_pods=max_pods, obj=obj, cards=cards
+    )
 
 
 def milli_to_percent(gpu_milli: int) -> int:

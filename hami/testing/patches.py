@@ -133,7 +133,11 @@ def _merge_keyed_list(current: list, patch: list, merge_key: str) -> list:
         if not isinstance(item, dict) or merge_key not in item:
             raise PatchError(f"map: {item!r} does not contain declared merge key: {merge_key}")
         index = next(
-            (i for i, cur in enumerate(out) if isinstance(cur, dict) and cur.get(merge_key) == item[merge_key]),
+            (
+                i
+                for i, cur in enumerate(out)
+                if isinstance(cur, dict) and cur.get(merge_key) == item[merge_key]
+            ),
             None,
         )
         if item.get("$patch") == "delete":

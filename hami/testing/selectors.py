@@ -111,7 +111,7 @@ def parse_field_selector(selector: str | None, supported: frozenset[str]) -> tup
             raise SelectorError(f"invalid selector: '{selector}'; can't understand '{part}'")
         path = path.strip()
         if path not in supported:
-            raise SelectorError(f'field label not supported: {path}')
+            raise SelectorError(f"field label not supported: {path}")
         reqs.append(FieldRequirement(path, negate, value.strip()))
     return tuple(reqs)
 

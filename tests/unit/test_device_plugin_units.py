@@ -386,3 +386,121 @@ def test_module_path():
     # the stubs live inside the package and import it absolutely (see generate.py)
     assert Path(pb.__file__).parent.name == "api"
     assert "device_plugin.api.api_pb2" in sys.modules
+
+
+# ----- allocator helpers
+
+
+def _allocator(fallbacks: list[str]):
+    from device_plugin.allocator import Allocator, AllocatorSettings
+
+    state = DeviceState(CARDS, split_count=3)
+    return Allocator(
+        kube=None,
+        state=state,
+        settings=AllocatorSettings(node_name="n1"),
+        release_lock=lambda *a, **k: False,
+        on_preferred_fallback=fallbacks.append,
+    )
+
+
+def _entry(*uuids: str):
+    from hami.model import ContainerDevice
+
+    return [ContainerDevice(uuid=u, type="NVIDIA", usedmem=1000, usedcores=10) for u in uuids]
+
+
+def test_prefer_picks_one_replica_per_recorded_card_honouring_must_include():
+    fallbacks: list[str] = []
+    alloc = _allocator(fallbacks)
+    req = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=["GPU-a-0", "GPU-a-1", "GPU-b-0", "GPU-b-2"],
+        must_include_deviceIDs=["GPU-a-1"],
+        allocation_size=2,
+    )
+    assert alloc._prefer(req, _entry("GPU-a", "GPU-b")) == ["GPU-a-1", "GPU-b-0"]
+    req = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=["GPU-b-1", "GPU-b-2"], allocation_size=1
+    )
+    assert alloc._prefer(req, _entry("GPU-b")) == ["GPU-b-1"]
+    assert fallbacks == []
+
+
+def test_prefer_leaves_unavailable_cards_to_kubelet():
+    fallbacks: list[str] = []
+    alloc = _allocator(fallbacks)
+    req = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=["GPU-a-0", "GPU-a-1"], allocation_size=2
+    )
+    assert alloc._prefer(req, _entry("GPU-a", "GPU-b")) == ["GPU-a-0"]
+    assert fallbacks == ["card_unavailable"]
+
+
+@pytest.mark.parametrize(
+    ("env", "want"),
+    [
+        ([], False),
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}], True),
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": "1"}], True),
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": "false"}], False),
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": ""}], False),
+        (
+            [{"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
+            False,
+        ),
+    ],
+)
+def test_disable_control_is_read_by_value(env, want):
+    from device_plugin.allocator import _env_true
+
+    assert _env_true({"name": "c", "env": env}, "CUDA_DISABLE_CONTROL") is want
+
+
+class EventNvml(FakeNvml):
+    """FakeNvml with an event set that yields queued events, then times out."""
+
+    def __init__(self, gpus, events):
+        super().__init__(gpus)
+        self.events = list(events)
+        self.registered: list[tuple] = []
+
+    def nvmlEventSetCreate(self):  # noqa: N802
+        return "set"
+
+    def nvmlEventSetFree(self, s):  # noqa: N802
+        pass
+
+    def nvmlDeviceGetSupportedEventTypes(self, h):  # noqa: N802
+        return 0xFF
+
+    def nvmlDeviceRegisterEvents(self, h, types, s):  # noqa: N802
+        self.registered.append((h["uuid"], types))
+
+    def nvmlEventSetWait(self, s, ms):  # noqa: N802
+        if self.events:
+            return self.events.pop(0)
+        import time
+
+        time.sleep(0.01)
+        raise self.NVMLError_Timeout()
+
+
+async def test_nvidia_watch_health_reports_critical_xids_from_its_thread():
+    gpu = {"uuid": "GPU-0", "name": "NVIDIA H200", "mem": 1, "bus": "0000:00:00.0"}
+    events = [
+        SimpleNamespace(eventType=8, eventData=43, device=gpu),
+        SimpleNamespace(eventType=8, eventData=79, device=gpu),
+    ]
+    nvml = EventNvml([gpu], events)
+    backend = NvidiaBackend(nvml=nvml, env={})
+    reports: list[tuple] = []
+    task = asyncio.create_task(backend.watch_health(lambda *a: reports.append(a)))
+    for _ in range(100):
+        if reports:
+            break
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert nvml.registered == [("GPU-0", 8)]
+    assert reports == [("GPU-0", False, "critical XID 79")]

@@ -24,25 +24,15 @@ import jsonpatch
 import pytest
 
 from hami.config import load_config
+from hami.quota import QuotaState
 from hami.vendors import build_vendors
 from webhook.app import review_body
-from webhook.hooks import QuotaLine
 from webhook.mutate import Mutator, WebhookSettings
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "webhook"
 CASES = sorted(p.stem for p in GOLDEN.glob("*.json"))
 VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
-
-
-class DictQuota:
-    """QuotaView over {namespace: {resource: [used, limit]}}."""
-
-    def __init__(self, data: Mapping[str, Mapping[str, list[int]]]) -> None:
-        self.data = data
-
-    def used_and_limits(self, namespace: str) -> dict[str, QuotaLine]:
-        return {r: QuotaLine(used=u, limit=lim) for r, (u, lim) in self.data.get(namespace, {}).items()}
 
 
 class DictNamespaces:
@@ -58,14 +48,20 @@ class DictNamespaces:
 def mutator_for(settings: Mapping[str, Any]) -> Mutator:
     """The Mutator a golden case runs with (defaults: HAMi chart config, scheduler hami-scheduler)."""
     config = load_config(settings.get("config"))
+    vendors = build_vendors(config)
+    quota = None
+    if "resource_quotas" in settings:
+        quota = QuotaState(vendors)
+        for obj in settings["resource_quotas"]:
+            quota.upsert_quota(obj)
     takeover = settings.get("takeover_schedulers", ["default-scheduler"])
     return Mutator(
-        list(build_vendors(config).values()),
+        list(vendors.values()),
         WebhookSettings(
             scheduler_name=settings.get("scheduler_name", "hami-scheduler"),
             takeover_schedulers=frozenset(["", *takeover]) if takeover else frozenset(),
         ),
-        quota=DictQuota(settings["quota"]) if "quota" in settings else None,
+        quota=quota,
         namespaces=DictNamespaces(settings["namespace_labels"]) if "namespace_labels" in settings else None,
     )
 

@@ -1,0 +1,7 @@
+"""``python -m device_plugin`` = the ``hami-device-plugin`` console script."""
+
+import sys
+
+from device_plugin.cli import main
+
+sys.exit(main())

@@ -1,0 +1,485 @@
+"""Allocate and GetPreferredAllocation from the scheduler's pod annotations (hami-legacy-spec §2.7, §2.8, §3.4).
+
+kubelet's Allocate names only virtual device ids, never the pod. The scheduler extender therefore holds
+the node lock (``hami.io/mutex.lock`` = ``<time>,<ns>,<name>``) from Bind until the plugin has served the
+pod's last container, and the plugin serves exactly the pod that lock names. HAMi falls back to "a
+pending pod on this node" and accepts forged annotations from pods of other schedulers (user bug log
+D01, W05); here every doubt is a refusal with a message naming pod, container and mismatch:
+
+- the lock must exist, name a pod, and that pod must exist (a vanished owner's lock is released);
+- the pod must be bound to this node (``spec.nodeName`` and ``hami.io/vgpu-node``), scheduled by our
+  scheduler name, in bind-phase ``allocating`` with a ``hami.io/bind-time``;
+- ``hami.io/vgpu-devices-to-allocate`` must have one entry per container (init first); the next
+  non-empty entry is this container's; kubelet's device count must equal its recorded cards, the
+  container's limit must agree, every card must be one of ours, and kubelet's virtual ids must sit on
+  exactly the recorded cards (GetPreferredAllocation steers kubelet there; when kubelet picked others
+  anyway, say because its Topology Manager insisted, kubelet's and the scheduler's accounting would
+  diverge - the D03 bug - so we refuse instead). The one exception is ids kubelet reuses from the same
+  pod's init containers, which it hands on without asking for a preference.
+
+After a container is served its entry is emptied in to-allocate; after the last one the pod gets
+bind-phase ``success`` and the lock is released. Any refusal sets bind-phase ``failed`` (when the pod
+exists) and releases the lock (owner-checked), so the node is free for the next pod at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import uuid as uuidlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from device_plugin.api import api_pb2 as pb
+from device_plugin.devices import DeviceState
+from device_plugin.server import AllocationRefused
+from hami import annotations as ann
+from hami.errors import AnnotationError, HamiError
+from hami.model import ContainerDevice
+
+log = logging.getLogger(__name__)
+
+VENDOR = "NVIDIA"  # CommonWord of the entries we consume in hami.io/vgpu-devices-to-allocate
+
+# Env names HAMi-core reads (hami-legacy-spec §3.4).
+ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
+ENV_MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT_{i}"  # "<MiB>m" per device position in the container
+ENV_SM_LIMIT = "CUDA_DEVICE_SM_LIMIT"  # percent of SMs; 0 = no core limit
+ENV_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"  # the usage file libvgpu writes, read by the monitor
+ENV_OVERSUBSCRIBE = "CUDA_OVERSUBSCRIBE"  # "true" when deviceMemoryScaling > 1
+ENV_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"  # "disable" when disableCoreLimit
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"  # container opt-out, read from the pod spec by value
+
+# Container-side paths (HAMi-core's expectations).
+CTR_PRELOAD = "/etc/ld.so.preload"
+CTR_LOCK_DIR = "/tmp/vgpulock"
+
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go strconv.ParseBool's true set
+
+
+class Kube(Protocol):
+    """The part of `hami.kube.KubeClient` the allocator uses (sync; called through asyncio.to_thread)."""
+
+    def get_node(self, name: str) -> dict | None: ...
+    def get_pod(self, namespace: str, name: str) -> dict | None: ...
+    def patch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        annotations: dict[str, str | None] | None = None,
+        uid: str | None = None,
+    ) -> dict: ...
+
+
+@dataclass(frozen=True)
+class AllocatorSettings:
+    """What Allocate needs besides the pod.
+
+    `hook_path` is HAMi's HOOK_PATH (``/usr/local``): libvgpu lives in ``<hook_path>/vgpu`` on the host and
+    in the container; `lock_dir` the host directory mounted at /tmp/vgpulock.
+    """
+
+    node_name: str
+    scheduler_name: str = "hami-scheduler"
+    resource_name: str = "nvidia.com/gpu"
+    hook_path: str = "/usr/local"
+    lock_dir: str = "/tmp/vgpulock"
+    memory_scaling: float = 1.0
+    lib_cuda_log_level: str = "1"
+    disable_core_limit: bool = False
+
+    @property
+    def vgpu_dir(self) -> Path:
+        return Path(self.hook_path) / "vgpu"
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    """The pod being admitted, its decoded to-allocate list and container names (init first)."""
+
+    pod: dict
+    entries: list[list[ContainerDevice]]
+    containers: list[dict]
+    n_init: int = 0
+
+    @property
+    def namespace(self) -> str:
+        return self.pod["metadata"]["namespace"]
+
+    @property
+    def name(self) -> str:
+        return self.pod["metadata"]["name"]
+
+    @property
+    def uid(self) -> str:
+        return self.pod["metadata"].get("uid", "")
+
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class Allocator:
+    """The production `AllocationPolicy`: serves the pod holding this node's lock. Calls are serialised."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        state: DeviceState,
+        settings: AllocatorSettings,
+        *,
+        release_lock: Callable[..., bool] | None = None,
+        on_allocated: Callable[[], None] | None = None,
+        on_preferred_fallback: Callable[[str], None] | None = None,
+    ) -> None:
+        self.kube = kube
+        self.state = state
+        self.settings = settings
+        if release_lock is None:
+            from hami.nodelock import release_node_lock as release_lock
+        self._release_lock = release_lock
+        self.on_allocated = on_allocated or (lambda: None)
+        self.on_preferred_fallback = on_preferred_fallback or (lambda reason: None)
+        self._lock = asyncio.Lock()
+        # pod uid -> device ids served to its init containers (kubelet may reuse them for later containers);
+        # dropped when the pod's last container is served.
+        self._init_ids: dict[str, set[str]] = {}
+
+    # ----- finding the pod
+
+    async def _pending_pod(self, *, mutate: bool = True) -> PendingPod:
+        """The pod named by this node's lock, validated. Raises AllocationRefused.
+
+        With `mutate` (Allocate) a refusal also marks the pod failed and releases the lock; without it
+        (GetPreferredAllocation) nothing is written.
+        """
+        s = self.settings
+
+        async def fail(pod: dict, reason: str, message: str) -> AllocationRefused:
+            return await self._fail(pod, reason, message) if mutate else AllocationRefused(reason, message)
+
+        node = await self._call(self.kube.get_node, s.node_name)
+        if node is None:
+            raise AllocationRefused("node_missing", f"node {s.node_name} does not exist in the API server")
+        value = ann.pod_annotations(node).get(ann.NODE_LOCK)
+        hint = "only pods bound by the HAMi scheduler extender can use " + s.resource_name
+        if not value:
+            raise AllocationRefused(
+                "no_lock", f"no pod holds the node lock {ann.NODE_LOCK} on node {s.node_name}; {hint}"
+            )
+        try:
+            lock = ann.decode_node_lock(value)
+        except AnnotationError as e:
+            raise AllocationRefused("bad_lock", f"node {s.node_name}: {ann.NODE_LOCK}: {e}") from None
+        if lock.namespace is None or lock.name is None:
+            raise AllocationRefused(
+                "bad_lock",
+                f"node {s.node_name}: {ann.NODE_LOCK}={value!r} names no pod (legacy form); {hint}",
+            )
+        pod = await self._call(self.kube.get_pod, lock.namespace, lock.name)
+        if pod is None:
+            if mutate:
+                await self._release(lock.namespace, lock.name)
+            raise AllocationRefused(
+                "lock_owner_gone",
+                f"pod {lock.namespace}/{lock.name} holding the node lock on {s.node_name} no longer exists; "
+                "released its lock",
+            )
+        ref = f"{lock.namespace}/{lock.name}"
+        spec = pod.get("spec") or {}
+        annos = ann.pod_annotations(pod)
+        checks = [
+            (spec.get("schedulerName") == s.scheduler_name, "foreign_scheduler",
+             f"pod {ref} was scheduled by {spec.get('schedulerName')!r}, not {s.scheduler_name!r}; "
+             "its HAMi annotations are not ours"),
+            (spec.get("nodeName") == s.node_name, "not_bound_here",
+             f"pod {ref} is bound to {spec.get('nodeName')!r}, not to this node {s.node_name}"),
+            (annos.get(ann.ASSIGNED_NODE) == s.node_name, "not_bound_here",
+             f"pod {ref} has {ann.ASSIGNED_NODE}={annos.get(ann.ASSIGNED_NODE)!r}, not {s.node_name!r}"),
+            (annos.get(ann.BIND_PHASE) == ann.BindPhase.ALLOCATING.value, "wrong_phase",
+             f"pod {ref} has {ann.BIND_PHASE}={annos.get(ann.BIND_PHASE)!r}, want "
+             f"{ann.BindPhase.ALLOCATING.value!r}"),
+            (bool(annos.get(ann.BIND_TIME)), "wrong_phase", f"pod {ref} has no {ann.BIND_TIME} annotation"),
+            (ann.NVIDIA_TO_ALLOCATE in annos, "bad_annotation",
+             f"pod {ref} has no {ann.NVIDIA_TO_ALLOCATE} annotation"),
+        ]  # fmt: skip
+        for ok, reason, message in checks:
+            if not ok:
+                raise await fail(pod, reason, message)
+        try:
+            entries = ann.decode_pod_devices(annos[ann.NVIDIA_TO_ALLOCATE])
+        except AnnotationError as e:
+            raise await fail(pod, "bad_annotation", f"pod {ref}: {ann.NVIDIA_TO_ALLOCATE}: {e}") from None
+        containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+        if len(entries) != len(containers):
+            raise await fail(
+                pod,
+                "bad_annotation",
+                f"pod {ref}: {ann.NVIDIA_TO_ALLOCATE} has {len(entries)} container entries but the pod has "
+                f"{len(containers)} containers (init + app); cannot tell which entry is whose",
+            )
+        n_init = len(spec.get("initContainers") or [])
+        return PendingPod(pod=pod, entries=entries, containers=containers, n_init=n_init)
+
+    # ----- GetPreferredAllocation
+
+    async def preferred(self, requests: Sequence[pb.ContainerPreferredAllocationRequest]) -> list[list[str]]:
+        """For request k, replicas of the cards recorded for the pod's k-th unserved container.
+
+        Read-only; any problem gives that request no preference (kubelet then picks alone, and Allocate
+        reports the problem with its full reason).
+        """
+        async with self._lock:
+            try:
+                pending = await self._pending_pod(mutate=False)
+            except AllocationRefused as e:
+                self.on_preferred_fallback(e.reason)
+                log.info("no preferred allocation: %s", e.message)
+                return [[] for _ in requests]
+        open_entries = [e for e in pending.entries if e]
+        out = []
+        for k, req in enumerate(requests):
+            if k >= len(open_entries):
+                self.on_preferred_fallback("no_entry")
+                out.append([])
+                continue
+            out.append(self._prefer(req, open_entries[k]))
+        return out
+
+    def _prefer(self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]) -> list[str]:
+        available = set(req.available_deviceIDs)
+        chosen: list[str] = [d for d in req.must_include_deviceIDs]
+        covered = Counter(self.state.card_of(d) for d in chosen)
+        for dev in entry:
+            if covered[dev.uuid] > 0:
+                covered[dev.uuid] -= 1
+                continue
+            for rid in self.state.replicas(dev.uuid):
+                if rid in available and rid not in chosen:
+                    chosen.append(rid)
+                    break
+            else:
+                self.on_preferred_fallback("card_unavailable")
+                log.info("no free replica of card %s among kubelet's candidates", dev.uuid)
+        return chosen[: max(req.allocation_size, len(req.must_include_deviceIDs))]
+
+    # ----- Allocate
+
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list[pb.ContainerAllocateResponse]:
+        async with self._lock:
+            pending = await self._pending_pod()
+            entries = [list(e) for e in pending.entries]
+            responses = []
+            for ids in requests:
+                idx = next((i for i, e in enumerate(entries) if e), None)
+                if idx is None:
+                    raise await self._fail(
+                        pending.pod,
+                        "no_entry",
+                        f"pod {pending.ref()}: kubelet asked for {len(ids)} device(s) {list(ids)} but every entry "
+                        f"of {ann.NVIDIA_TO_ALLOCATE} is already served",
+                    )
+                responses.append(await self._serve_container(pending, idx, entries[idx], list(ids)))
+                entries[idx] = []
+            done = not any(entries)
+            patch: dict[str, str | None] = {ann.NVIDIA_TO_ALLOCATE: ann.encode_pod_devices(entries)}
+            if done:
+                patch[ann.BIND_PHASE] = ann.BindPhase.SUCCESS.value
+            try:
+                # uid: the patch must not land on a re-created pod of the same name.
+                await self._call(
+                    self.kube.patch_pod_metadata,
+                    pending.namespace,
+                    pending.name,
+                    annotations=patch,
+                    uid=pending.uid,
+                )
+            except AllocationRefused as e:
+                raise await self._fail(pending.pod, e.reason, e.message) from None
+            if done:
+                self._init_ids.pop(pending.uid, None)
+                await self._release(pending.namespace, pending.name)
+            for _ in responses:
+                self.on_allocated()
+            log.info(
+                "allocated pod %s containers %s%s",
+                pending.ref(),
+                [dict(r.envs).get(ENV_VISIBLE) for r in responses],
+                "; all containers served, lock released" if done else "",
+            )
+            return responses
+
+    async def _serve_container(
+        self, pending: PendingPod, idx: int, entry: list[ContainerDevice], ids: list[str]
+    ) -> pb.ContainerAllocateResponse:
+        s = self.settings
+        ctr = pending.containers[idx]
+        name = ctr.get("name", f"#{idx}")
+        where = f"pod {pending.ref()} container {name}"
+        recorded = [d.uuid for d in entry]
+
+        async def refuse(reason: str, message: str) -> AllocationRefused:
+            return await self._fail(pending.pod, reason, f"{where}: {message}")
+
+        if any(d.type != VENDOR for d in entry):
+            raise await refuse(
+                "bad_annotation", f"entry {idx} has device types {[d.type for d in entry]}, want {VENDOR}"
+            )
+        if len(ids) != len(entry):
+            raise await refuse(
+                "count_mismatch",
+                f"kubelet asked for {len(ids)} device(s) {ids} but the scheduler recorded {len(entry)} card(s) "
+                f"{recorded}",
+            )
+        limit = ((ctr.get("resources") or {}).get("limits") or {}).get(s.resource_name)
+        if limit is None or str(limit) != str(len(entry)):
+            raise await refuse(
+                "count_mismatch",
+                f"the container limits {s.resource_name}={limit!r} but the scheduler recorded {len(entry)} card(s) "
+                f"{recorded}",
+            )
+        unknown = [u for u in recorded if self.state.card(u) is None]
+        if unknown:
+            raise await refuse(
+                "unknown_card", f"recorded card(s) {unknown} are not cards of node {s.node_name}"
+            )
+        physical = [self.state.card_of(i) for i in ids]
+        if None in physical:
+            bad = [i for i, p in zip(ids, physical, strict=True) if p is None]
+            raise await refuse(
+                "unknown_device", f"kubelet's device id(s) {bad} are not advertised by this plugin"
+            )
+        # kubelet hands devices freed by earlier init containers of the same pod to the next containers
+        # without asking for a preference; those may sit on other cards than this container's record.
+        # That is kubelet's bookkeeping only (the container gets the recorded cards through
+        # NVIDIA_VISIBLE_DEVICES), so only ids that are neither on a recorded card nor such reuse count.
+        left = Counter(recorded)
+        stray = []
+        for dev_id, card in zip(ids, physical, strict=True):
+            if left[card] > 0:
+                left[card] -= 1
+            else:
+                stray.append(dev_id)
+        reused = self._init_ids.get(pending.uid, set())
+        if stray and not set(stray) <= reused:
+            raise await refuse(
+                "card_mismatch",
+                f"kubelet's devices {ids} are on card(s) {sorted(set(physical))} but the scheduler recorded "
+                f"{recorded}; kubelet did not follow the preferred allocation",
+            )
+        if idx < pending.n_init:
+            self._init_ids.setdefault(pending.uid, set()).update(ids)
+        lib = s.vgpu_dir / "libvgpu.so"
+        preload = s.vgpu_dir / "ld.so.preload"
+        control = not _env_true(ctr, ENV_DISABLE_CONTROL)
+        missing = [str(p) for p in ((lib, preload) if control else (lib,)) if not p.is_file()]
+        if missing:
+            raise await refuse(
+                "libvgpu_missing",
+                f"{', '.join(missing)} missing on node {s.node_name}; the device plugin DaemonSet installs them",
+            )
+        try:
+            cache_dir = await asyncio.to_thread(self._prepare_dirs, pending.uid, name)
+        except OSError as e:
+            raise await refuse("host_dir", f"cannot prepare host directories: {e}") from None
+
+        envs = {ENV_VISIBLE: ",".join(recorded)}
+        for i, dev in enumerate(entry):
+            envs[ENV_MEMORY_LIMIT.format(i=i)] = f"{dev.usedmem}m"
+        envs[ENV_SM_LIMIT] = str(entry[0].usedcores)
+        envs[ENV_SHARED_CACHE] = f"{s.vgpu_dir}/{uuidlib.uuid4()}.cache"
+        if s.memory_scaling > 1:
+            envs[ENV_OVERSUBSCRIBE] = "true"
+        if s.lib_cuda_log_level:
+            envs[ENV_LOG_LEVEL] = s.lib_cuda_log_level
+        if s.disable_core_limit:
+            envs[ENV_CORE_POLICY] = "disable"
+        mounts = [
+            pb.Mount(container_path=str(lib), host_path=str(lib), read_only=True),
+            pb.Mount(container_path=str(s.vgpu_dir), host_path=str(cache_dir), read_only=False),
+            pb.Mount(container_path=CTR_LOCK_DIR, host_path=s.lock_dir, read_only=False),
+        ]
+        if control:
+            mounts.append(pb.Mount(container_path=CTR_PRELOAD, host_path=str(preload), read_only=True))
+        return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
+
+    def _prepare_dirs(self, pod_uid: str, container: str) -> Path:
+        """Fresh ``<hook>/vgpu/containers/<podUID>_<ctr>`` (0777) and the lock dir (0777) on the host."""
+        s = self.settings
+        cache_dir = s.vgpu_dir / "containers" / f"{pod_uid}_{container}"
+        shutil.rmtree(cache_dir, ignore_errors=True)  # a stale cache file would carry another run's usage
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(cache_dir, 0o777)  # noqa: S103 - any container user must be able to write its cache
+        Path(s.lock_dir).mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(PermissionError):
+            os.chmod(s.lock_dir, 0o777)  # noqa: S103
+        return cache_dir
+
+    # ----- failure handling
+
+    async def _fail(self, pod: dict, reason: str, message: str) -> AllocationRefused:
+        """Set bind-phase failed on `pod`, release the lock it holds here, and return the error to raise.
+
+        The bind-phase is left alone when the pod is bound to another node or already ``success``: the
+        lock on this node is stale then, and that pod's real allocation must not be marked failed.
+        """
+        meta = pod.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        self._init_ids.pop(meta.get("uid", ""), None)
+        bound = (pod.get("spec") or {}).get("nodeName")
+        phase = ann.pod_annotations(pod).get(ann.BIND_PHASE)
+        if (not bound or bound == self.settings.node_name) and phase != ann.BindPhase.SUCCESS.value:
+            try:
+                await asyncio.to_thread(
+                    self.kube.patch_pod_metadata,
+                    ns,
+                    name,
+                    annotations={ann.BIND_PHASE: ann.BindPhase.FAILED.value},
+                    uid=meta.get("uid") or None,
+                )
+            except Exception as e:  # noqa: BLE001 - the refusal itself matters more than this bookkeeping
+                log.warning("could not set %s=failed on pod %s/%s: %s", ann.BIND_PHASE, ns, name, e)
+        await self._release(ns, name)
+        return AllocationRefused(reason, message)
+
+    async def _release(self, namespace: str, name: str) -> None:
+        try:
+            released = await asyncio.to_thread(
+                self._release_lock, self.kube, self.settings.node_name, namespace=namespace, pod_name=name
+            )
+        except Exception as e:  # noqa: BLE001 - it expires after 5 minutes anyway
+            log.warning(
+                "could not release node lock of %s/%s on %s: %s", namespace, name, self.settings.node_name, e
+            )
+            return
+        if released:
+            log.info("released node lock of %s/%s on %s", namespace, name, self.settings.node_name)
+
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except HamiError as e:
+            raise AllocationRefused(
+                "api_error", f"API server: {e}", code=grpc.StatusCode.UNAVAILABLE
+            ) from None
+        except Exception as e:  # noqa: BLE001 - connection errors of the kubernetes client
+            raise AllocationRefused(
+                "api_error", f"API server: {type(e).__name__}: {e}", code=grpc.StatusCode.UNAVAILABLE
+            ) from None
+
+
+def _env_true(container: Mapping[str, Any], name: str) -> bool:
+    """True when the container sets env `name` to a true value (Go ParseBool); ``false`` keeps control on."""
+    for env in container.get("env") or []:
+        if env.get("name") == name:
+            return str(env.get("value", "")) in _TRUE
+    return False

@@ -1,0 +1,196 @@
+"""Wiring: backend -> DeviceState -> gRPC service + kubelet registration + node annotation + metrics.
+
+`DevicePluginApp` is what the console script runs and what integration tests start in-process, so the
+tests exercise exactly the production assembly (only the backend and the socket directory differ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from device_plugin.allocator import Allocator, AllocatorSettings
+from device_plugin.api import DEFAULT_SOCKET_DIR
+from device_plugin.backends.base import Backend
+from device_plugin.devices import DeviceState
+from device_plugin.metrics import PluginMetrics, metrics_app
+from device_plugin.node_register import INTERVAL_S, NodeRegistrar
+from device_plugin.registration import KubeletRegistration
+from device_plugin.server import DevicePluginService
+from hami.config import DeviceConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PluginOptions:
+    """Everything the CLI collects; see docs/device-plugin.md for the flags and environment variables."""
+
+    node_name: str
+    config: DeviceConfig = field(default_factory=DeviceConfig)
+    resource_name: str | None = None  # None = nvidia.resourceCountName of the device config
+    scheduler_name: str | None = None  # None = scheduler.schedulerName of the device config
+    socket_dir: str = DEFAULT_SOCKET_DIR
+    hook_path: str = "/usr/local"
+    lock_dir: str = "/tmp/vgpulock"
+    metrics_port: int | None = None  # None = no metrics server; 0 = any free port
+    metrics_host: str = "0.0.0.0"
+    register_interval_s: float = INTERVAL_S
+    poll_s: float = 0.25
+
+
+class DevicePluginApp:
+    """One running plugin. `kube` may be None (no API server): then Allocate refuses and nothing is published."""
+
+    def __init__(self, options: PluginOptions, backend: Backend, kube: object | None = None) -> None:
+        self.options = options
+        self.backend = backend
+        self.kube = kube
+        self.nvidia = options.config.nvidia_for_node(options.node_name)
+        self.resource_name = options.resource_name or self.nvidia.resourceCountName
+        self.scheduler_name = options.scheduler_name or options.config.scheduler.schedulerName
+        self.metrics = PluginMetrics()
+        self.state: DeviceState | None = None
+        self.registration: KubeletRegistration | None = None
+        self.registrar: NodeRegistrar | None = None
+        self.allocator: Allocator | None = None
+        self.metrics_url: str | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Discover cards, serve and register, start health watching and the registration writer.
+
+        Raises hami.errors.ConfigError when the backend cannot discover cards.
+        """
+        o = self.options
+        cards = await asyncio.to_thread(self.backend.discover)
+        if not cards:
+            log.warning("backend %s found no usable cards; advertising none", self.backend.name)
+        self.state = DeviceState(
+            cards, split_count=self.nvidia.deviceSplitCount, numa_topology=self.nvidia.enableNumaTopology
+        )
+        self.metrics.update_devices(self.state)
+        log.info(
+            "node %s: %d card(s) via %s backend, split %d, resource %s",
+            o.node_name, len(cards), self.backend.name, self.nvidia.deviceSplitCount, self.resource_name,
+        )  # fmt: skip
+        policy = self._policy()
+        self.registration = KubeletRegistration(
+            lambda: DevicePluginService(
+                self.state,
+                policy,
+                on_allocate_error=lambda r: self.metrics.allocation_errors.labels(reason=r).inc(),
+            ),
+            socket_dir=o.socket_dir,
+            resource_name=self.resource_name,
+            poll_s=o.poll_s,
+            on_registered=self._registered,
+            on_lost=lambda: self.metrics.registered.set(0),
+        )
+        await self._start_metrics()
+        await self.registration.start()
+        self._spawn(self.backend.watch_health(self._health), "health")
+        if self.kube is not None:
+            self.registrar = NodeRegistrar(
+                self.kube,
+                o.node_name,
+                self.state,
+                memory_scaling=self.nvidia.deviceMemoryScaling,
+                core_scaling=self.nvidia.deviceCoreScaling,
+                interval_s=o.register_interval_s,
+                on_patch=self.metrics.register_patches.inc,
+                on_error=self.metrics.register_errors.inc,
+            )
+            self._spawn(self.registrar.run(), "node-register")
+
+    def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+
+        def check(t: asyncio.Task) -> None:
+            # A background task that dies silently would leave health or the annotation frozen.
+            if not t.cancelled() and t.exception() is not None:
+                log.error("background task %s failed: %r", name, t.exception())
+
+        task.add_done_callback(check)
+        self._tasks.append(task)
+
+    def _policy(self):
+        if self.kube is None:
+            return _NoKube()
+        self.allocator = Allocator(
+            self.kube,
+            self.state,
+            AllocatorSettings(
+                node_name=self.options.node_name,
+                scheduler_name=self.scheduler_name,
+                resource_name=self.resource_name,
+                hook_path=self.options.hook_path,
+                lock_dir=self.options.lock_dir,
+                memory_scaling=self.nvidia.deviceMemoryScaling,
+                lib_cuda_log_level=str(self.nvidia.libCudaLogLevel),
+                disable_core_limit=self.nvidia.disableCoreLimit,
+            ),
+            on_allocated=self.metrics.allocations.inc,
+            on_preferred_fallback=lambda r: self.metrics.preferred_fallbacks.labels(reason=r).inc(),
+        )
+        return self.allocator
+
+    def _registered(self) -> None:
+        self.metrics.registered.set(1)
+        self.metrics.registrations.inc()
+
+    def _health(self, uuid: str | None, healthy: bool, reason: str) -> None:
+        if self.state is not None and self.state.set_health(uuid, healthy, reason):
+            self.metrics.update_devices(self.state)
+
+    async def _start_metrics(self) -> None:
+        o = self.options
+        if o.metrics_port is None:
+            return
+        app = metrics_app(
+            self.metrics, healthy=lambda: bool(self.registration and self.registration.registered)
+        )
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, o.metrics_host, o.metrics_port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.metrics_url = f"http://{o.metrics_host}:{port}/metrics"
+        log.info("metrics on %s", self.metrics_url)
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        if self.registration is not None:
+            await self.registration.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await asyncio.to_thread(self.backend.close)
+
+    @property
+    def socket_path(self) -> Path | None:
+        return self.registration.socket_path if self.registration else None
+
+
+class _NoKube:
+    """Policy without an API server: no preference, and Allocate refuses (it cannot identify the pod)."""
+
+    async def preferred(self, requests: Sequence[object]) -> list[list[str]]:
+        return [[] for _ in requests]
+
+    async def allocate(self, requests: Sequence[Sequence[str]]) -> list:
+        from device_plugin.server import AllocationRefused
+
+        raise AllocationRefused("no_api_server", "the device plugin runs without an API server connection")

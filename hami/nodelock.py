@@ -1,0 +1,244 @@
+"""HAMi's per-node lock (``hami.io/mutex.lock``), held from the scheduler's Bind to the device plugin's Allocate.
+
+Why a lock at all: kubelet's ``Allocate`` call to the device plugin names only device IDs, never the
+pod. The device plugin therefore has to guess which pod it is allocating for, and it does so by
+looking for the one pod on its node that the scheduler has just bound. If two GPU pods were bound to
+one node at the same time, the plugin could hand pod A the cards (and memory limits) chosen for
+pod B. The lock makes "being allocated" exclusive per node: Bind takes it before creating the Binding,
+the device plugin releases it when the pod's last container was allocated (bind-phase ``success``)
+or failed (``failed``).
+
+The value (legacy spec §1.6.5, HAMi-compatible) is ``<RFC3339 time>,<namespace>,<pod name>``, e.g.
+``2024-05-10T16:15:30+08:00,default,gpu-pod``; an older form is the time alone (owner unknown).
+
+What the expiry protects against: a pod that takes the lock and then never reaches ``Allocate``
+(deleted, rejected by kubelet, scheduler crash between lock and Binding) would block every GPU pod
+on that node forever. After `expiry_s` (HAMi: 5 minutes, ``--node-lock-timeout``) anyone may take
+the lock over. Improvement over HAMi, which only also reclaims a lock whose owner pod is gone: a lock
+whose owner is *provably* no longer between Bind and Allocate is taken over at once -
+
+* the owner pod does not exist (404) or is being deleted;
+* the owner pod is terminal (``Succeeded``/``Failed``);
+* its ``hami.io/bind-phase`` is already ``success`` or ``failed`` (the device plugin is done with it);
+* it is bound to a different node than this lock's node.
+
+An owner pod that is not yet bound (Bind is still running) or is bound here with bind-phase
+``allocating`` (or none) keeps its lock until expiry.
+
+Concurrency: every write carries the node's ``resourceVersion`` (optimistic concurrency), so of two
+schedulers racing for the same node exactly one wins; the loser re-reads and sees contention. Writes
+in one process are also serialised per node. Re-locking by the owner pod succeeds (re-entrant), and
+release checks the owner, so nobody frees a lock held by someone else.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from hami.annotations import (
+    ASSIGNED_NODE,
+    BIND_PHASE,
+    NODE_LOCK,
+    BindPhase,
+    NodeLock,
+    decode_node_lock,
+    encode_node_lock,
+)
+from hami.errors import AnnotationError, Conflict, NodeLockContention, NotFound
+
+log = logging.getLogger(__name__)
+
+NODE_LOCK_EXPIRY_S = 300.0  # HAMi's --node-lock-timeout default (5 minutes)
+# Optimistic-concurrency retries: HAMi's backoff (5 steps, 100 ms, x2, jitter 0.5).
+_RETRY_STEPS = 5
+_RETRY_INITIAL_S = 0.1
+
+_node_mutexes: dict[str, threading.Lock] = {}
+_node_mutexes_guard = threading.Lock()
+
+
+def _node_mutex(node_name: str) -> threading.Lock:
+    with _node_mutexes_guard:
+        m = _node_mutexes.get(node_name)
+        if m is None:
+            m = _node_mutexes[node_name] = threading.Lock()
+        return m
+
+
+def _sleep_backoff(step: int) -> None:
+    delay = _RETRY_INITIAL_S * (2**step)
+    time.sleep(delay * (1 + random.random() * 0.5))
+
+
+def read_node_lock(node: Mapping[str, Any], *, key: str = NODE_LOCK) -> NodeLock | None:
+    """The node's lock, None when unlocked. Raises AnnotationError for a malformed value."""
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(key)
+    if value is None or value == "":
+        return None
+    return decode_node_lock(value)
+
+
+def dangling_reason(client: Any, lock: NodeLock, node_name: str) -> str | None:
+    """Why the lock's owner pod is no longer between Bind and Allocate on `node_name`, or None if it may be.
+
+    A legacy lock without an owner is never dangling (only its expiry frees it).
+    """
+    if lock.namespace is None or lock.name is None:
+        return None
+    pod = client.get_pod(lock.namespace, lock.name)
+    owner = f"{lock.namespace}/{lock.name}"
+    if pod is None:
+        return f"owner pod {owner} no longer exists"
+    meta = pod.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return f"owner pod {owner} is being deleted"
+    phase = (pod.get("status") or {}).get("phase")
+    if phase in ("Succeeded", "Failed"):
+        return f"owner pod {owner} has finished (phase {phase})"
+    bind_phase = (meta.get("annotations") or {}).get(BIND_PHASE)
+    if bind_phase in (BindPhase.SUCCESS.value, BindPhase.FAILED.value):
+        return f"owner pod {owner} is past Allocate (bind-phase {bind_phase})"
+    bound = (pod.get("spec") or {}).get("nodeName")
+    if bound and bound != node_name:
+        return f"owner pod {owner} is bound to node {bound}, not {node_name}"
+    assigned = (meta.get("annotations") or {}).get(ASSIGNED_NODE)
+    if not bound and assigned and assigned != node_name:
+        return f"owner pod {owner} is now assigned to node {assigned}, not {node_name}"
+    return None
+
+
+def lock_node(
+    client: Any,
+    node_name: str,
+    *,
+    namespace: str,
+    pod_name: str,
+    expiry_s: float = NODE_LOCK_EXPIRY_S,
+    key: str = NODE_LOCK,
+    now: Callable[[], datetime] | None = None,
+) -> None:
+    """Take the node lock for pod `namespace`/`pod_name` (a `hami.kube.KubeClient` as `client`).
+
+    Succeeds when the node is unlocked, already locked by this pod (re-entrant, nothing written),
+    locked longer than `expiry_s` seconds ago, locked with a malformed value, or locked by a dangling
+    owner (see module docstring). Raises NodeLockContention when another live pod holds it (the
+    message names the holder and when it locked), NotFound when the node does not exist, Conflict
+    when the node kept changing under us through all retries.
+    """
+    clock = now or (lambda: datetime.now().astimezone())
+    with _node_mutex(node_name):
+        for step in range(_RETRY_STEPS + 1):
+            node = client.get_node(node_name)
+            if node is None:
+                raise NotFound(
+                    f"node {node_name} not found; cannot take its lock for pod {namespace}/{pod_name}"
+                )
+            meta = node.get("metadata") or {}
+            try:
+                lock = read_node_lock(node, key=key)
+            except AnnotationError as e:
+                log.warning("node %s: malformed %s value (%s); taking it over", node_name, key, e)
+                lock = None
+            if lock is not None:
+                if lock.namespace == namespace and lock.name == pod_name:
+                    return
+                age_s = (clock() - lock.time).total_seconds()
+                if age_s <= expiry_s:
+                    why = dangling_reason(client, lock, node_name)
+                    if why is None:
+                        holder = (
+                            f"{lock.namespace}/{lock.name}" if lock.name else "an unknown pod (legacy lock)"
+                        )
+                        raise NodeLockContention(
+                            f"node {node_name} is locked by {holder} since "
+                            f"{encode_node_lock(NodeLock(time=lock.time))} ({int(age_s)}s ago; "
+                            f"expires after {int(expiry_s)}s); pod {namespace}/{pod_name} must wait until "
+                            "that pod's devices are allocated"
+                        )
+                    log.info("node %s: taking over lock from %s", node_name, why)
+                else:
+                    log.info(
+                        "node %s: lock of %s expired %ds ago; taking it over",
+                        node_name,
+                        lock.name,
+                        int(age_s - expiry_s),
+                    )
+            value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
+            try:
+                client.patch_node_annotations(
+                    node_name, {key: value}, resource_version=meta.get("resourceVersion")
+                )
+                return
+            except Conflict:
+                # The node changed since we read it (maybe another scheduler took the lock): re-read.
+                if step < _RETRY_STEPS:
+                    _sleep_backoff(step)
+        raise Conflict(
+            f"node {node_name} kept changing; could not take its lock for pod {namespace}/{pod_name}"
+        )
+
+
+def release_node_lock(
+    client: Any, node_name: str, *, namespace: str, pod_name: str, key: str = NODE_LOCK
+) -> bool:
+    """Remove the node lock if `namespace`/`pod_name` holds it (or it is a legacy owner-less lock).
+
+    Returns True when this call removed it, False when the node is gone, unlocked or locked by
+    another pod (which is left alone). Raises Conflict when the node kept changing through all retries.
+    """
+    with _node_mutex(node_name):
+        for step in range(_RETRY_STEPS + 1):
+            node = client.get_node(node_name)
+            if node is None:
+                return False
+            try:
+                lock = read_node_lock(node, key=key)
+            except AnnotationError:
+                lock = None
+                log.warning("node %s: malformed %s value; leaving it for the next locker", node_name, key)
+                return False
+            if lock is None:
+                return False
+            if lock.name is not None and (lock.namespace, lock.name) != (namespace, pod_name):
+                log.info(
+                    "node %s: lock belongs to %s/%s, not %s/%s; not releasing",
+                    node_name,
+                    lock.namespace,
+                    lock.name,
+                    namespace,
+                    pod_name,
+                )
+                return False
+            rv = (node.get("metadata") or {}).get("resourceVersion")
+            try:
+                client.patch_node_annotations(node_name, {key: None}, resource_version=rv)
+                return True
+            except NotFound:
+                return False
+            except Conflict:
+                if step < _RETRY_STEPS:
+                    _sleep_backoff(step)
+        raise Conflict(
+            f"node {node_name} kept changing; could not release its lock for pod {namespace}/{pod_name}"
+        )
+
+
+def lock_age_s(lock: NodeLock, *, now: datetime | None = None) -> float:
+    """Seconds since the lock was taken (negative if its writer's clock runs ahead)."""
+    return ((now or datetime.now(UTC)) - lock.time).total_seconds()
+
+
+__all__ = [
+    "NODE_LOCK_EXPIRY_S",
+    "dangling_reason",
+    "lock_age_s",
+    "lock_node",
+    "read_node_lock",
+    "release_node_lock",
+]

@@ -1,0 +1,556 @@
+"""The replay: pods go through kube-scheduler's CPU/memory fit, then the extender's core, one by one.
+
+Why a replay and not a model: every decision is made by `ClusterState.filter`, the function the
+scheduler extender calls, on Pod and Node JSON shaped as in a cluster, so what the simulator reports is
+what the extender would do. The simulator adds only what kube-scheduler does before calling the
+extender (NodeResourcesFit on CPU, memory and pod count, tracked here per node) and, for pods without
+GPU requests (which never reach the extender), kube-scheduler's default LeastAllocated choice.
+
+Modes:
+- ``trace``: arrivals at `creation_time` and deletions at `deletion_time`, in time order (a deletion
+  at the same second as an arrival goes first); a deletion frees the pod through
+  `ClusterState.remove_pod`, the extender's pod-removal path. A pod that fails is not retried.
+- ``fill``: pods drawn with replacement (seeded) from the workload and submitted without departures
+  until the arrived GPU demand reaches `arrival` percent of the cluster's GPU capacity (FGD paper,
+  Weng et al., ATC'23). Every policy sees the same sequence of pods for the same seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+import numpy as np
+
+from hami.cluster import ClusterState, pod_container_kinds
+from hami.config import CARD_POLICIES, NODE_POLICIES, DeviceConfig
+from hami.errors import InvalidRequest
+from hami.fit import collapse_grants
+from hami.model import CardGrant
+from hami.scoring import parse_card_policy, parse_node_policy
+from hami.simulate.workload import SimNode, SimPod, Workload, model_of
+from hami.vendors import build_vendors
+
+
+class Mode(StrEnum):
+    TRACE = "trace"
+    FILL = "fill"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A node policy and a card policy chain (comma-separated, as in `gpuSchedulerPolicy`)."""
+
+    node: str
+    card: str
+
+    @property
+    def label(self) -> str:
+        """``binpack`` when both are the same single policy, else ``node/card`` (``binpack/spread``)."""
+        return self.node if self.node == self.card else f"{self.node}/{self.card.replace(',', '+')}"
+
+
+def parse_policy(spec: str, *, default_node: str = "binpack", default_card: str = "spread") -> Policy:
+    """A policy as the CLI writes it.
+
+    - ``binpack`` / ``spread``: that node policy and that card policy;
+    - a card-only policy (``numa``, ``mutex``, ``topology-aware``): that card policy, `default_node`;
+    - ``NODE/CARD``: both explicitly, the card part may be a chain joined by ``+`` (``binpack/numa+binpack``).
+    Raises InvalidRequest naming the value and the valid ones.
+    """
+    s = spec.strip().lower()
+    valid = (
+        f"valid: {', '.join(CARD_POLICIES)}, or NODE/CARD with NODE one of {', '.join(NODE_POLICIES)} "
+        "and CARD a card policy or a '+' chain of them (e.g. binpack/numa+binpack)"
+    )
+    if "/" in s:
+        node, _, card = s.partition("/")
+    elif s in NODE_POLICIES:
+        node, card = s, s
+    else:
+        node, card = default_node, s
+    card = card.replace("+", ",")
+    try:
+        parse_node_policy(node)
+        parse_card_policy(card)
+    except InvalidRequest:
+        raise InvalidRequest(f"policy {spec!r} is not a policy; {valid}") from None
+    return Policy(node=node, card=",".join(p.strip() for p in card.split(",")))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One row of the placements file: one card of one container, or one pod without cards."""
+
+    pod: str
+    container: str
+    node: str
+    card_uuid: str
+    card_model: str
+    mem_mib: int | None
+    cores: int | None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Allocation (ratios 0..1) when the arrived GPU demand reached `arrival` percent of capacity, at
+    trace time `time` (seconds; None in fill mode)."""
+
+    arrival: float
+    gpu_allocation_ratio: float
+    memory_allocation_ratio: float
+    time: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUsage:
+    """Per card model: cards, cores (percent) and memory (MiB), total and used."""
+
+    cards: int
+    devcore: int
+    usedcores: int
+    devmem: int
+    usedmem: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one policy's run produced. Ratios are 0..1, arrivals percent of GPU capacity."""
+
+    policy: Policy
+    mode: Mode
+    arrival_target: float | None
+    seed: int
+    nodes: int
+    gpus: int
+    pods: int = 0
+    gpu_pods: int = 0
+    scheduled: int = 0
+    failed: int = 0
+    failed_gpu_pods: int = 0
+    deleted: int = 0
+    gpu_allocation_ratio: float = 0.0
+    memory_allocation_ratio: float = 0.0
+    peak_gpu_allocation_ratio: float = 0.0
+    peak_memory_allocation_ratio: float = 0.0
+    peak_time: float | None = None
+    arrived_gpu_demand: float = 0.0
+    first_failure_arrival: float | None = None
+    elapsed_s: float = 0.0
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    curve: list[Checkpoint] = field(default_factory=list)
+    failure_reasons: Counter[str] = field(default_factory=Counter)
+    per_model: dict[str, ModelUsage] = field(default_factory=dict)
+    peak_per_model: dict[str, ModelUsage] = field(default_factory=dict)
+    decision_s: list[float] = field(default_factory=list)
+    placements: list[Placement] | None = None
+    #: The core's state at the end of the run (for checks against `card_allocation`); not serialised.
+    state: ClusterState | None = field(default=None, repr=False)
+
+    def decision_percentile_ms(self, q: float) -> float | None:
+        """The q-th percentile (0..100, nearest rank) of `ClusterState.filter` time per GPU pod, in ms."""
+        if not self.decision_s:
+            return None
+        xs = sorted(self.decision_s)
+        k = min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))
+        return xs[k] * 1000
+
+
+#: progress(done fraction 0..1) — called now and then during a run.
+Progress = Callable[[float], None]
+
+
+_NODE_REASON = re.compile(r"\d+/\d+ ")
+
+
+def summarise_failure(failed_nodes: dict[str, str], *, limit: int = 3) -> tuple[str, str]:
+    """(pod reason text, category) from the extender's per-node reasons.
+
+    Text: ``0/12 nodes fit: 9 CardInsufficientMemory; 3 NodeInsufficientDevice`` (nodes per reason, the
+    per-card counts dropped, most common first; at equal counts card-level reasons before "this node has
+    no such device at all", then by name, so the text does not depend on the order nodes were tried).
+    Category (for tables): the most common reason of the nodes that have
+    devices, else the most common reason.
+    """
+    kinds: Counter[str] = Counter()
+    for text in failed_nodes.values():
+        kinds[_NODE_REASON.sub("", text).split(":")[0]] += 1
+    if not kinds:
+        return "no candidate node", "no candidate node"
+
+    def deviceless(kind: str) -> bool:
+        return kind.startswith(("node unregistered", "NodeInsufficientDevice"))
+
+    common = sorted(kinds.items(), key=lambda kv: (-kv[1], deviceless(kv[0]), kv[0]))
+    text = f"0/{len(failed_nodes)} nodes fit: " + "; ".join(f"{n} {k}" for k, n in common[:limit])
+    if len(common) > limit:
+        text += f"; {sum(n for _, n in common[limit:])} other"
+    card_level = [k for k, _ in common if not deviceless(k)]
+    return text, card_level[0] if card_level else common[0][0]
+
+
+class _Resources:
+    """kube-scheduler's NodeResourcesFit view: free CPU (millicores), memory (MiB) and pod slots per node.
+
+    Arrays (numpy) because this check runs over every node for every pod.
+    """
+
+    def __init__(self, nodes: Sequence[SimNode]) -> None:
+        self.names = [n.name for n in nodes]
+        self._names = np.array(self.names, dtype=object)
+        self.index = {n.name: i for i, n in enumerate(nodes)}
+        self.cpu_total = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
+        self.mem_total = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.cpu = self.cpu_total.copy()
+        self.mem = self.mem_total.copy()
+        self.slots = np.array([n.max_pods for n in nodes], dtype=np.int64)
+
+    def fitting(self, cpu: int, mem: int) -> np.ndarray:
+        """Boolean mask of the nodes with room for the pod."""
+        return (self.cpu >= cpu) & (self.mem >= mem) & (self.slots > 0)
+
+    def names_of(self, mask: np.ndarray) -> list[str]:
+        return self._names[mask].tolist()
+
+    def misfit_text(self, cpu: int, mem: int) -> str:
+        """kube-scheduler's message: ``0/N nodes are available: 3 Insufficient cpu, 2 Insufficient memory``."""
+        counts = (
+            (int((self.cpu < cpu).sum()), "Insufficient cpu"),
+            (int((self.mem < mem).sum()), "Insufficient memory"),
+            (int((self.slots <= 0).sum()), "Too many pods"),
+        )
+        return f"0/{len(self.names)} nodes are available: " + ", ".join(f"{n} {w}" for n, w in counts if n)
+
+    def least_allocated(self, mask: np.ndarray, cpu: int, mem: int) -> int:
+        """kube-scheduler's default score for a pod it places alone: most free CPU+memory share after it
+        (ties: the first node in input order)."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            free = np.nan_to_num((self.cpu - cpu) / self.cpu_total) + np.nan_to_num(
+                (self.mem - mem) / self.mem_total
+            )
+        free = np.where(mask, free, -np.inf)
+        return int(np.argmax(free))
+
+    def take(self, i: int, cpu: int, mem: int, sign: int = 1) -> None:
+        self.cpu[i] -= sign * cpu
+        self.mem[i] -= sign * mem
+        self.slots[i] -= sign
+
+
+def _config_for(config: DeviceConfig, policy: Policy) -> DeviceConfig:
+    return replace(
+        config,
+        scheduler=replace(config.scheduler, nodeSchedulerPolicy=policy.node, gpuSchedulerPolicy=policy.card),
+    )
+
+
+class _Usage:
+    """Cores (percent) and memory (MiB) held on cards, per card model, kept incrementally from the pods'
+    grants (the core's own collapse rule, `hami.fit.collapse_grants`), so allocation can be sampled after
+    every pod without walking every card."""
+
+    def __init__(self, nodes: Sequence[SimNode]) -> None:
+        self.model = {c.uuid: model_of(c.type) for n in nodes for c in n.cards}
+        totals: dict[str, list[int]] = {}
+        for n in nodes:
+            for c in n.cards:
+                t = totals.setdefault(model_of(c.type), [0, 0, 0])
+                t[0] += 1
+                t[1] += c.devcore
+                t[2] += c.devmem
+        self.totals = dict(sorted(totals.items()))
+        self.devcore = sum(t[1] for t in totals.values())
+        self.devmem = sum(t[2] for t in totals.values())
+        self.used = {m: [0, 0] for m in self.totals}
+        self.cores = 0
+        self.mem = 0
+
+    def apply(self, held: Sequence[tuple[str, int, int]], sign: int) -> None:
+        for model, cores, mem in held:
+            u = self.used[model]
+            u[0] += sign * cores
+            u[1] += sign * mem
+            self.cores += sign * cores
+            self.mem += sign * mem
+
+    def held(self, grants: Sequence[CardGrant]) -> list[tuple[str, int, int]]:
+        return [(self.model[g.uuid], g.usedcores, g.usedmem) for g in grants if g.uuid in self.model]
+
+    def ratios(self) -> tuple[float, float]:
+        return (
+            self.cores / self.devcore if self.devcore else 0.0,
+            self.mem / self.devmem if self.devmem else 0.0,
+        )
+
+    def per_model(self) -> dict[str, ModelUsage]:
+        return {
+            m: ModelUsage(t[0], t[1], self.used[m][0], t[2], self.used[m][1]) for m, t in self.totals.items()
+        }
+
+
+def card_allocation(state: ClusterState) -> tuple[float, float, dict[str, ModelUsage]]:
+    """(GPU ratio, memory ratio, per model) from `ClusterState.card_stats()`: the core's own view, which
+    the engine's incremental figures must equal (tests hold that)."""
+    cores = devcore = mem = devmem = 0
+    models: dict[str, list[int]] = {}
+    for s in state.card_stats():
+        cores += s.usedcores
+        devcore += s.devcore
+        mem += s.usedmem
+        devmem += s.devmem
+        m = models.setdefault(model_of(s.type), [0, 0, 0, 0, 0])
+        m[0] += 1
+        m[1] += s.devcore
+        m[2] += s.usedcores
+        m[3] += s.devmem
+        m[4] += s.usedmem
+    per_model = {k: ModelUsage(*v) for k, v in sorted(models.items())}
+    return (cores / devcore if devcore else 0.0, mem / devmem if devmem else 0.0, per_model)
+
+
+class _Replay:
+    """One policy's replay: the core's ClusterState, kube-scheduler's resource view, and the figures."""
+
+    def __init__(
+        self, workload: Workload, config: DeviceConfig, result: RunResult, curve_step: float
+    ) -> None:
+        self.state = ClusterState(config=config, vendors=build_vendors(config))
+        for n in workload.nodes:
+            self.state.upsert_node(n.obj)
+        self.card_type = {c.uuid: c.type for n in workload.nodes for c in n.cards}
+        self.res = _Resources(workload.nodes)
+        self.usage = _Usage(workload.nodes)
+        self.capacity = self.usage.devcore / 100  # cards
+        self.result = result
+        self.where: dict[str, tuple[int, SimPod, list[tuple[str, int, int]]]] = {}
+        self.arrived = 0.0  # cards
+        self.now: float | None = None
+        self.curve_step = curve_step
+        self.next_check = 10.0
+        self.next_curve = curve_step
+        self.check_limit = result.arrival_target if result.arrival_target is not None else float("inf")
+
+    @property
+    def arrived_pct(self) -> float:
+        return self.arrived / self.capacity * 100
+
+    def sample(self) -> None:
+        """Peaks always; checkpoints at every 10 % of arrivals and curve points at every `curve_step` %."""
+        r = self.result
+        g, m = self.usage.ratios()
+        if g > r.peak_gpu_allocation_ratio:
+            r.peak_gpu_allocation_ratio, r.peak_time = g, self.now
+            r.peak_per_model = self.usage.per_model()
+        r.peak_memory_allocation_ratio = max(r.peak_memory_allocation_ratio, m)
+        pct = self.arrived_pct
+        while pct >= self.next_check - 1e-9 and self.next_check <= self.check_limit + 1e-9:
+            r.checkpoints.append(Checkpoint(self.next_check, g, m, self.now))
+            self.next_check += 10.0
+        if pct >= self.next_curve - 1e-9:
+            r.curve.append(Checkpoint(round(pct, 3), g, m, self.now))
+            while pct >= self.next_curve - 1e-9:
+                self.next_curve += self.curve_step
+
+    def fail(self, pod: SimPod, name: str, reason: str, category: str) -> None:
+        r = self.result
+        r.failed += 1
+        r.failure_reasons[category] += 1
+        if pod.is_gpu:
+            r.failed_gpu_pods += 1
+            if r.first_failure_arrival is None:
+                r.first_failure_arrival = self.arrived_pct
+        if r.placements is not None:
+            cname = pod.obj["spec"]["containers"][0].get("name", "")
+            r.placements.append(Placement(name, cname, "", "", "", None, None, reason))
+
+    def submit(self, pod: SimPod, uid: str, name: str) -> None:
+        """One pod arrives: kube-scheduler's fit, then (GPU pods) the extender's filter and reservation."""
+        r, res = self.result, self.res
+        r.pods += 1
+        if pod.is_gpu:
+            r.gpu_pods += 1
+            self.arrived += pod.gpu_demand
+        if pod.unplaceable is not None:
+            self.fail(pod, name, pod.unplaceable, pod.unplaceable.split(" (")[0].split(" in ")[0])
+            return
+        fitting = res.fitting(pod.cpu_milli, pod.memory_mib)
+        if not fitting.any():
+            self.fail(pod, name, res.misfit_text(pod.cpu_milli, pod.memory_mib), "Insufficient cpu/memory")
+            return
+        if pod.gpu_demand <= 0:
+            # Asks no managed device: the extender is not involved, kube-scheduler scores alone.
+            i = res.least_allocated(fitting, pod.cpu_milli, pod.memory_mib)
+            res.take(i, pod.cpu_milli, pod.memory_mib)
+            self.where[uid] = (i, pod, [])
+            r.scheduled += 1
+            if r.placements is not None:
+                cname = pod.obj["spec"]["containers"][0].get("name", "")
+                r.placements.append(Placement(name, cname, res.names[i], "", "", None, None))
+            return
+        meta = pod.obj["metadata"]
+        obj = {
+            **pod.obj,
+            "metadata": {
+                **meta,
+                "uid": uid,
+                "name": name,
+                "annotations": dict(meta.get("annotations") or {}),
+            },
+        }
+        t0 = time.perf_counter()
+        out = self.state.filter(obj, res.names_of(fitting))
+        r.decision_s.append(time.perf_counter() - t0)
+        if out.node is None:
+            if out.error:
+                self.fail(pod, name, out.error, "invalid request")
+            elif out.no_devices:
+                self.fail(pod, name, "the pod asks for no device the scheduler manages", "no managed device")
+            else:
+                text, category = summarise_failure(out.failed_nodes)
+                self.fail(pod, name, text, category)
+            return
+        i = res.index[out.node]
+        res.take(i, pod.cpu_milli, pod.memory_mib)
+        held = self.usage.held(collapse_grants(out.devices, pod_container_kinds(obj)))
+        self.usage.apply(held, +1)
+        self.where[uid] = (i, pod, held)
+        r.scheduled += 1
+        if r.placements is not None:
+            spec = obj["spec"]
+            names = [c.get("name", "") for c in (spec.get("initContainers") or []) + spec["containers"]]
+            for per_container in out.devices.values():
+                for cname, cds in zip(names, per_container, strict=False):
+                    for cd in cds:
+                        r.placements.append(
+                            Placement(
+                                name,
+                                cname,
+                                out.node,
+                                cd.uuid,
+                                self.card_type.get(cd.uuid, ""),
+                                cd.usedmem,
+                                cd.usedcores,
+                            )
+                        )
+
+    def delete(self, uid: str) -> None:
+        """A pod is deleted: free its CPU/memory and, through the core's pod-removal path, its cards."""
+        placed = self.where.pop(uid, None)
+        if placed is None:
+            return
+        i, pod, held = placed
+        self.res.take(i, pod.cpu_milli, pod.memory_mib, sign=-1)
+        self.usage.apply(held, -1)
+        self.state.remove_pod(uid)
+        self.result.deleted += 1
+
+
+def run(
+    workload: Workload,
+    *,
+    config: DeviceConfig,
+    policy: Policy,
+    mode: Mode = Mode.FILL,
+    arrival: float = 130.0,
+    seed: int = 0,
+    placements: bool = False,
+    curve_step: float = 1.0,
+    progress: Progress | None = None,
+) -> RunResult:
+    """Replay `workload` under `policy` and return the figures (and the placements when asked).
+
+    `arrival` (percent of GPU capacity, > 0) is the fill target. Checkpoints are taken at every 10 % of
+    arrived demand, curve points (for plots) every `curve_step` % in fill mode and at 500 evenly spaced
+    events in trace mode. `gpu_allocation_ratio` etc. are the state at the end; the `peak_*` fields the
+    highest GPU allocation seen (what trace mode is about: at its end every pod has left).
+    Raises InvalidRequest when the input cannot be replayed in `mode`: no GPU in the cluster; fill mode
+    without a GPU pod; trace mode with pods that have no creation time.
+    """
+    if not any(n.cards for n in workload.nodes):
+        raise InvalidRequest("the cluster has no GPU: nothing to simulate (check the nodes file)")
+    cfg = _config_for(config, policy)
+    result = RunResult(
+        policy=policy,
+        mode=mode,
+        arrival_target=arrival if mode is Mode.FILL else None,
+        seed=seed,
+        nodes=len(workload.nodes),
+        gpus=workload.gpus,
+        placements=[] if placements else None,
+    )
+    if mode is Mode.FILL:
+        if not any(p.is_gpu for p in workload.pods):
+            raise InvalidRequest("fill mode needs at least one GPU pod in the workload")
+        if not arrival > 0:
+            raise InvalidRequest(f"--arrival: {arrival:g} must be a percent > 0")
+    else:
+        missing = [p.name for p in workload.pods if p.creation_time is None]
+        if missing:
+            raise InvalidRequest(
+                f"--mode trace needs a creation time for every pod; {len(missing)} pods have none "
+                f"(first: {missing[0]}); use --mode fill for pod lists without times"
+            )
+    replay = _Replay(workload, cfg, result, curve_step if mode is Mode.FILL else float("inf"))
+    started = time.perf_counter()
+    if mode is Mode.FILL:
+        rng = random.Random(seed)
+        target = arrival / 100 * replay.capacity
+        drawn: Counter[str] = Counter()
+        pool = workload.pods
+        seq = 0
+        while replay.arrived < target:
+            pod = pool[rng.randrange(len(pool))]
+            drawn[pod.name] += 1
+            name = pod.name if drawn[pod.name] == 1 else f"{pod.name}-{drawn[pod.name]}"
+            replay.submit(pod, f"sim-{seq}", name)
+            seq += 1
+            if pod.is_gpu:
+                replay.sample()
+                if progress is not None and seq % 32 == 0:
+                    progress(min(1.0, replay.arrived / target))
+    else:
+        # (time, kind, pod index): at one second, deletions (0) free capacity before arrivals (1); a pod
+        # deleted in the second it arrived leaves after the arrivals (2).
+        events: list[tuple[float, int, int]] = []
+        for k, p in enumerate(workload.pods):
+            created = p.creation_time or 0.0
+            events.append((created, 1, k))
+            if p.deletion_time is not None:
+                events.append((p.deletion_time, 2 if p.deletion_time <= created else 0, k))
+        heapq.heapify(events)
+        total = len(events)
+        every = max(1, total // 500)
+        for done in range(1, total + 1):
+            replay.now, kind, k = heapq.heappop(events)
+            pod = workload.pods[k]
+            if kind == 1:
+                replay.submit(pod, f"sim-{k}", pod.name)
+            else:
+                replay.delete(f"sim-{k}")
+            replay.sample()
+            if done % every == 0 or done == total:
+                g, m = replay.usage.ratios()
+                result.curve.append(Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now))
+            if progress is not None and done % 32 == 0:
+                progress(done / total)
+    result.elapsed_s = time.perf_counter() - started
+    result.arrived_gpu_demand = replay.arrived_pct
+    result.gpu_allocation_ratio, result.memory_allocation_ratio = replay.usage.ratios()
+    result.per_model = replay.usage.per_model()
+    if not result.peak_per_model:
+        result.peak_per_model = result.per_model
+    if mode is Mode.FILL and (not result.curve or result.curve[-1].arrival < result.arrived_gpu_demand):
+        g, m = replay.usage.ratios()
+        result.curve.append(Checkpoint(round(result.arrived_gpu_demand, 3), g, m))
+    if progress is not None:
+        progress(1.0)
+    result.state = replay.state
+    return result

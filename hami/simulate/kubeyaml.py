@@ -1,0 +1,276 @@
+"""Loaders for Kubernetes YAML: Node objects carrying HAMi registrations, and Pod manifests.
+
+Why: a cluster exported with `kubectl get nodes -o yaml` (HAMi's device plugin has written
+`hami.io/node-nvidia-register` on every GPU node) and the pods of a deployment can be replayed as they
+are. Files hold one or more documents (`---`), each a Node, a Pod or a `List` of them. Pods go through
+the webhook's per-container mutation (the same `Vendor.mutate_container` the webhook runs), so a bare
+`nvidia.com/gpu: 1` means an exclusive card here as in the cluster. Errors name the file, the line of
+the object and the field.
+
+Trace times come from `metadata.creationTimestamp` and `metadata.deletionTimestamp` (RFC 3339), as
+seconds after the earliest creation in the file; a pod without `creationTimestamp` arrives at time 0.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hami.config import DeviceConfig
+from hami.errors import InvalidRequest
+from hami.quantity import parse_quantity
+from hami.simulate.workload import DEFAULT_MAX_PODS, DEFAULT_NAMESPACE, SimNode, SimPod, TraceError
+from hami.vendors import build_vendors
+
+#: CPU / memory of a node that does not state its allocatable: large enough to fit any pod.
+UNLIMITED = 1 << 50
+
+
+def _documents(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, object) for every object in the file, `List` items expanded."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise TraceError(source, None, f"cannot read: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TraceError(source, None, "not a UTF-8 text file") from None
+    try:
+        nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise TraceError(source, line, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+    for node in nodes:
+        if node is None:
+            continue
+        obj = yaml.SafeLoader("").construct_document(node)
+        line = node.start_mark.line + 1
+        if obj is None:
+            continue
+        if not isinstance(obj, dict):
+            raise TraceError(source, line, "a document must be a Kubernetes object (a mapping with 'kind')")
+        if obj.get("kind") == "List" or (str(obj.get("kind", "")).endswith("List") and "items" in obj):
+            items = obj.get("items") or []
+            if not isinstance(items, list):
+                raise TraceError(source, line, "items: must be a list of objects")
+            item_nodes = _item_marks(node)
+            for i, item in enumerate(items):
+                item_line = item_nodes[i] if i < len(item_nodes) else line
+                if not isinstance(item, dict):
+                    raise TraceError(source, item_line, f"items[{i}]: must be a Kubernetes object")
+                yield item_line, item
+        else:
+            yield line, obj
+
+
+def _item_marks(node: yaml.Node) -> list[int]:
+    for key, value in getattr(node, "value", []):
+        if getattr(key, "value", None) == "items" and isinstance(value, yaml.SequenceNode):
+            return [v.start_mark.line + 1 for v in value.value]
+    return []
+
+
+def _quantity(value: Any, *, source: str, line: int, field: str) -> Any:
+    try:
+        number, _ = parse_quantity(value, resource=field)
+    except InvalidRequest as e:
+        raise TraceError(source, line, str(e)) from None
+    if number < 0:
+        raise TraceError(source, line, f"{field}: {value!r} must not be negative")
+    return number
+
+
+def _kind_objects(path: str | Path, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    for line, obj in _documents(path):
+        if obj.get("kind") == kind:
+            yield line, obj
+
+
+def _name(obj: Mapping[str, Any], *, source: str, line: int, kind: str) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise TraceError(source, line, f"{kind}: metadata.name must be a non-empty string")
+    return name
+
+
+def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
+    """Every `kind: Node` in the file. Cards come from the registration annotations of every enabled
+    vendor (`hami.io/node-nvidia-register`, ...); a node without one is a CPU-only node.
+    CPU/memory/pods from `status.allocatable`, else `status.capacity`, else unlimited / 110 pods.
+
+    Raises TraceError naming file, line, node and field for a malformed registration or quantity, a
+    duplicate node, or a file without any Node.
+    """
+    source = str(path)
+    vendors = build_vendors(config)
+    nodes: list[SimNode] = []
+    seen: set[str] = set()
+    for line, obj in _kind_objects(path, "Node"):
+        name = _name(obj, source=source, line=line, kind="Node")
+        if name in seen:
+            raise TraceError(source, line, f"Node {name}: duplicate node name")
+        seen.add(name)
+        meta = obj.get("metadata") or {}
+        if not isinstance(meta.get("annotations") or {}, dict):
+            raise TraceError(source, line, f"Node {name}: metadata.annotations must be a mapping")
+        cards = []
+        for vendor in vendors.values():
+            try:
+                found = vendor.node_devices(obj)
+            except InvalidRequest as e:
+                raise TraceError(
+                    source, line, f"Node {name}: annotation {vendor.register_key}: {e}"
+                ) from None
+            cards.extend(found or [])
+        status = obj.get("status") or {}
+        alloc = status.get("allocatable") or status.get("capacity") or {}
+        if not isinstance(alloc, dict):
+            raise TraceError(source, line, f"Node {name}: status.allocatable must be a mapping")
+        cpu = mem = UNLIMITED
+        pods = DEFAULT_MAX_PODS
+        if "cpu" in alloc:
+            cpu = int(
+                _quantity(alloc["cpu"], source=source, line=line, field=f"Node {name}: allocatable cpu")
+                * 1000
+            )
+        if "memory" in alloc:
+            q = _quantity(alloc["memory"], source=source, line=line, field=f"Node {name}: allocatable memory")
+            mem = int(q / (1 << 20))
+        if "pods" in alloc:
+            pods = int(
+                _quantity(alloc["pods"], source=source, line=line, field=f"Node {name}: allocatable pods")
+            )
+        nodes.append(
+            SimNode(name=name, cpu_milli=cpu, memory_mib=mem, max_pods=pods, obj=obj, cards=tuple(cards))
+        )
+    if not nodes:
+        raise TraceError(source, None, "no object of kind Node")
+    return nodes
+
+
+def _timestamp(value: Any, *, source: str, line: int, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        raise TraceError(source, line, f"{field}: {value!r} is not an RFC 3339 time") from None
+
+
+def _container_cpu_mem(c: Mapping[str, Any], *, source: str, line: int, where: str) -> tuple[int, int]:
+    res = c.get("resources") or {}
+    # kube-scheduler fits requests; a container with only limits gets requests = limits (API defaulting).
+    req = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+    cpu = mem = 0
+    if "cpu" in req:
+        cpu = int(_quantity(req["cpu"], source=source, line=line, field=f"{where}: requests.cpu") * 1000)
+    if "memory" in req:
+        mem = -int(
+            -_quantity(req["memory"], source=source, line=line, field=f"{where}: requests.memory")
+            // (1 << 20)
+        )
+    return cpu, mem
+
+
+def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
+    """Every `kind: Pod` in the file, mutated as the webhook would and ready for the extender's filter.
+
+    CPU/memory = max(sum of app containers, largest init container) of requests (limits when requests
+    are absent). GPU demand (cards, for the fill mode) per device-using container: cards x gpucores/100,
+    else x gpumem-percentage/100, else whole cards. Raises TraceError naming file, line, pod, container
+    and field for invalid quantities, a duplicate pod, or a file without any Pod.
+    """
+    source = str(path)
+    vendors = build_vendors(config)
+    raw: list[tuple[int, dict[str, Any]]] = list(_kind_objects(path, "Pod"))
+    if not raw:
+        raise TraceError(source, None, "no object of kind Pod")
+    created: list[float | None] = []
+    pods: list[SimPod] = []
+    seen: set[tuple[str, str]] = set()
+    prepared = []
+    for line, original in raw:
+        obj = copy.deepcopy(original)
+        name = _name(obj, source=source, line=line, kind="Pod")
+        meta = obj["metadata"]
+        meta.setdefault("namespace", DEFAULT_NAMESPACE)
+        meta.pop("uid", None)
+        key = (meta["namespace"], name)
+        if key in seen:
+            raise TraceError(source, line, f"Pod {key[0]}/{name}: duplicate pod")
+        seen.add(key)
+        spec = obj.get("spec")
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("containers"), list)
+            or not spec["containers"]
+        ):
+            raise TraceError(source, line, f"Pod {name}: spec.containers must be a non-empty list")
+        inits = spec.get("initContainers") or []
+        if not isinstance(inits, list):
+            raise TraceError(source, line, f"Pod {name}: spec.initContainers must be a list")
+        demand = 0.0
+        cpu_sum = mem_sum = cpu_init = mem_init = 0
+        for is_init, c in [(True, c) for c in inits] + [(False, c) for c in spec["containers"]]:
+            if not isinstance(c, dict):
+                raise TraceError(source, line, f"Pod {name}: every container must be a mapping")
+            where = f"Pod {name} container {c.get('name', '?')}"
+            cpu, mem = _container_cpu_mem(c, source=source, line=line, where=where)
+            if is_init:
+                cpu_init, mem_init = max(cpu_init, cpu), max(mem_init, mem)
+            else:
+                cpu_sum, mem_sum = cpu_sum + cpu, mem_sum + mem
+            for vendor in vendors.values():
+                try:
+                    vendor.mutate_container(c, pod=obj)
+                    req = vendor.container_request(c)
+                except InvalidRequest as e:
+                    raise TraceError(source, line, f"Pod {name}: {e}") from None
+                if req is not None and not is_init:
+                    share = req.coresreq if req.coresreq > 0 else None
+                    if share is None and req.memreq == 0 and 0 < req.mem_percentage <= 100:
+                        share = req.mem_percentage
+                    demand += req.nums * (share if share is not None else 100) / 100
+        times = (
+            _timestamp(
+                meta.get("creationTimestamp"),
+                source=source,
+                line=line,
+                field=f"Pod {name}: creationTimestamp",
+            ),
+            _timestamp(
+                meta.get("deletionTimestamp"),
+                source=source,
+                line=line,
+                field=f"Pod {name}: deletionTimestamp",
+            ),
+        )
+        created.append(times[0])
+        prepared.append((line, name, obj, max(cpu_sum, cpu_init), max(mem_sum, mem_init), demand, times))
+    t0 = min((t for t in created if t is not None), default=0.0)
+    for line, name, obj, cpu, mem, demand, (c_t, d_t) in prepared:
+        c_rel = (c_t - t0) if c_t is not None else 0.0
+        d_rel = (d_t - t0) if d_t is not None else None
+        if d_rel is not None and d_rel < c_rel:
+            raise TraceError(source, line, f"Pod {name}: deletionTimestamp is before creationTimestamp")
+        pods.append(
+            SimPod(
+                name=name,
+                cpu_milli=cpu,
+                memory_mib=mem,
+                gpu_demand=demand,
+                obj=obj,
+                creation_time=c_rel,
+                deletion_time=d_rel,
+            )
+        )
+    return pods

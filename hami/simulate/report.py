@@ -1,0 +1,196 @@
+"""What a simulation run prints and writes: the summary table, the JSON object, the placements CSV.
+
+Kept apart from the engine so that the figures have one definition each (docs/simulate.md lists every
+field with its unit) and the engine stays free of formatting.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hami.simulate.engine import Mode, RunResult
+from hami.simulate.workload import Workload, model_of
+
+PLACEMENT_COLUMNS = (
+    "pod",
+    "container",
+    "node",
+    "card_uuid",
+    "card_model",
+    "mem_mib",
+    "cores",
+    "reason",
+    "policy",
+)
+
+
+def _r(x: float | None, nd: int = 6) -> float | None:
+    return None if x is None else round(x, nd)
+
+
+def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
+    """One run as a JSON-ready dict (ratios 0..1, arrivals in percent of GPU capacity, times seconds/ms)."""
+    out: dict[str, Any] = {
+        "policy": r.policy.label,
+        "node_policy": r.policy.node,
+        "card_policy": r.policy.card,
+        "mode": r.mode.value,
+        "arrival": r.arrival_target,
+        "seed": r.seed,
+        "nodes_source": workload.nodes_source,
+        "pods_source": workload.pods_source,
+        "nodes": r.nodes,
+        "gpus": r.gpus,
+        "pods": r.pods,
+        "gpu_pods": r.gpu_pods,
+        "scheduled": r.scheduled,
+        "failed": r.failed,
+        "failed_gpu_pods": r.failed_gpu_pods,
+        "deleted": r.deleted,
+        "gpu_allocation_ratio": _r(r.gpu_allocation_ratio),
+        "memory_allocation_ratio": _r(r.memory_allocation_ratio),
+        "peak_gpu_allocation_ratio": _r(r.peak_gpu_allocation_ratio),
+        "peak_memory_allocation_ratio": _r(r.peak_memory_allocation_ratio),
+        "peak_time": r.peak_time,
+        "arrived_gpu_demand": _r(r.arrived_gpu_demand, 3),
+        "first_failure_arrival": _r(r.first_failure_arrival, 3),
+        "elapsed_s": _r(r.elapsed_s, 3),
+        "decision_ms": {
+            "count": len(r.decision_s),
+            "p50": _r(r.decision_percentile_ms(50), 3),
+            "p99": _r(r.decision_percentile_ms(99), 3),
+            "max": _r(max(r.decision_s) * 1000 if r.decision_s else None, 3),
+        },
+        "failure_reasons": dict(r.failure_reasons.most_common()),
+        "per_model": {
+            m: {
+                "cards": u.cards,
+                "gpu_allocation_ratio": _r(u.usedcores / u.devcore if u.devcore else 0.0),
+                "memory_allocation_ratio": _r(u.usedmem / u.devmem if u.devmem else 0.0),
+            }
+            for m, u in (r.per_model if r.mode is Mode.FILL else r.peak_per_model).items()
+        },
+    }
+    if r.mode is Mode.FILL:
+        out["allocation_at_arrival"] = [
+            {
+                "arrival": c.arrival,
+                "gpu_allocation_ratio": _r(c.gpu_allocation_ratio),
+                "memory_allocation_ratio": _r(c.memory_allocation_ratio),
+            }
+            for c in r.checkpoints
+        ]
+    return out
+
+
+def results_json(results: Sequence[RunResult], workload: Workload, *, compare: bool) -> dict[str, Any]:
+    """The object `--json` prints: one run's dict, or with `--compare` an object keyed by policy label."""
+    if not compare:
+        return result_json(results[0], workload)
+    return {r.policy.label: result_json(r, workload) for r in results}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.2f}%"
+
+
+def _cluster_line(workload: Workload) -> str:
+    models = Counter(model_of(c.type) for n in workload.nodes for c in n.cards)
+    mix = ", ".join(f"{m} {k}" for m, k in sorted(models.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"cluster: {len(workload.nodes)} nodes, {workload.gpus} GPUs ({mix}) from {workload.nodes_source}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = [
+        (lambda s, w=w: s.ljust(w)) if i == 0 else (lambda s, w=w: s.rjust(w)) for i, w in enumerate(widths)
+    ]
+    lines = ["  ".join(f(h) for f, h in zip(fmt, header, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines.extend("  ".join(f(c) for f, c in zip(fmt, r, strict=True)) for r in rows)
+    return lines
+
+
+def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
+    """The human summary: what was replayed, one row per policy, allocation at arrivals, failure reasons."""
+    r0 = results[0]
+    if r0.mode is Mode.FILL:
+        what = f"fill mode: pods drawn with seed {r0.seed} until arrived GPU demand reached {r0.arrival_target:g}%"
+    else:
+        what = "trace mode: arrivals and deletions in trace time order"
+    lines = [
+        f"hami simulate - {what}",
+        _cluster_line(workload),
+        f"workload: {len(workload.pods)} pods from {workload.pods_source}",
+        "",
+    ]
+    # At the end of a trace every pod has left: the peak is the figure that says something there.
+    fill = r0.mode is Mode.FILL
+    alloc = ["GPU alloc", "mem alloc"] if fill else ["peak GPU alloc", "peak mem alloc"]
+    header = ["policy", "pods", "scheduled", "failed", *alloc, "1st fail at", "p50 ms", "p99 ms", "time s"]
+    rows = []
+    for r in results:
+        p50, p99 = r.decision_percentile_ms(50), r.decision_percentile_ms(99)
+        rows.append(
+            [
+                r.policy.label,
+                str(r.pods),
+                str(r.scheduled),
+                str(r.failed),
+                _pct(r.gpu_allocation_ratio if fill else r.peak_gpu_allocation_ratio),
+                _pct(r.memory_allocation_ratio if fill else r.peak_memory_allocation_ratio),
+                "-" if r.first_failure_arrival is None else f"{r.first_failure_arrival:.1f}%",
+                "-" if p50 is None else f"{p50:.2f}",
+                "-" if p99 is None else f"{p99:.2f}",
+                f"{r.elapsed_s:.1f}",
+            ]
+        )
+    lines += _table(header, rows)
+    if r0.mode is Mode.FILL and r0.checkpoints:
+        lines += ["", "GPU allocation at arrived demand (percent of GPU capacity):"]
+        marks = [c.arrival for c in r0.checkpoints]
+        head = ["policy", *(f"{m:g}%" for m in marks)]
+        body = []
+        for r in results:
+            by = {c.arrival: c.gpu_allocation_ratio for c in r.checkpoints}
+            body.append([r.policy.label, *(f"{by[m] * 100:.1f}" if m in by else "-" for m in marks)])
+        lines += _table(head, body)
+    reasons = [(r.policy.label, r.failure_reasons.most_common(3)) for r in results if r.failure_reasons]
+    if reasons:
+        lines += ["", "most common failure reasons (pods):"]
+        for label, top in reasons:
+            lines.append(f"  {label}: " + "; ".join(f"{n} {k}" for k, n in top))
+    return "\n".join(lines)
+
+
+def write_placements(path: str | Path, results: Sequence[RunResult]) -> int:
+    """Write one row per (pod, container, card) of every run (`PLACEMENT_COLUMNS`); returns the row count.
+
+    A pod without cards (CPU-only) has a node and empty card fields; a failed pod has empty node and card
+    fields and its `reason`. `policy` tells the runs of `--compare` apart. Raises OSError.
+    """
+    n = 0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(PLACEMENT_COLUMNS)
+        for r in results:
+            for p in r.placements or ():
+                w.writerow(
+                    [
+                        p.pod,
+                        p.container,
+                        p.node,
+                        p.card_uuid,
+                        p.card_model,
+                        "" if p.mem_mib is None else p.mem_mib,
+                        "" if p.cores is None else p.cores,
+                        p.reason,
+                        r.policy.label,
+                    ]
+                )
+                n += 1
+    return n

@@ -1,0 +1,59 @@
+/*
+ * hooks.h - the one list of every exported hook (X-macros), so that the dlsym door, the
+ * cuGetProcAddress door and the real-function table can never disagree.
+ * X(name) = a CUDA driver entry point we export under exactly that (versioned) name;
+ * N(name) = an NVML entry point we export; R(name) = a real CUDA function we call
+ * ourselves but do not hook; RN(name) = same for NVML.
+ */
+#ifndef VGPU_HOOKS_H
+#define VGPU_HOOKS_H
+
+#define VGPU_CUDA_HOOKS(X) \
+    X(cuInit) \
+    X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) \
+    X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2) \
+    X(cuGetProcAddress) X(cuGetProcAddress_v2) \
+    X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) \
+    X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) \
+    X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
+    X(cuMemFree) X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) \
+    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) \
+    X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
+    X(cuMemCreate) X(cuMemRelease) \
+    X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
+    X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
+    X(cuGraphLaunch) X(cuGraphLaunch_ptsz)
+
+#define VGPU_CUDA_REAL_ONLY(R) \
+    R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
+    R(cuCtxSynchronize) R(cuStreamIsCapturing) R(cuDriverGetVersion)
+
+#define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
+
+#define VGPU_NVML_REAL_ONLY(RN) \
+    RN(nvmlInit_v2) RN(nvmlDeviceGetUUID) RN(nvmlDeviceGetIndex) RN(nvmlDeviceGetHandleByUUID) \
+    RN(nvmlDeviceGetComputeRunningProcesses_v3) RN(nvmlDeviceGetComputeRunningProcesses)
+
+enum {
+#define E(n) H_##n,
+    VGPU_CUDA_HOOKS(E) VGPU_CUDA_REAL_ONLY(E) H_CUDA_END,
+#undef E
+};
+enum {
+#define E(n) HN_##n,
+    VGPU_NVML_HOOKS(E) VGPU_NVML_REAL_ONLY(E) HN_END,
+#undef E
+};
+
+extern void *vgpu_real_fn[H_CUDA_END];
+extern void *vgpu_real_nvml_fn[HN_END];
+extern int vgpu_real_ready;
+void vgpu_load_real(void);
+void vgpu_load_real_nvml(void);
+
+/* REAL(cuMemAlloc_v2) -> the driver's function pointer, typed by the caller's cast. */
+#define REAL_PTR(n) (VGPU_LIKELY(vgpu_real_ready) ? vgpu_real_fn[H_##n] : (vgpu_load_real(), vgpu_real_fn[H_##n]))
+#define REAL_NVML_PTR(n) (vgpu_load_real_nvml(), vgpu_real_nvml_fn[HN_##n])
+
+#endif

@@ -1,0 +1,360 @@
+/*
+ * region.c - the shared accounting region: creation, slots, devices, reservations, reaping.
+ *
+ * Why lock-free reservations: HAMi-core guarded its region with a process-shared semaphore
+ * that a SIGKILLed holder left taken forever (hami-core-spec §3.6, core#86, HAMi#2500).
+ * Here the only cross-process lock is an fcntl open-file-description lock, taken for slot
+ * and device registration only; the kernel drops it when its holder dies. Reservations use
+ * add-then-check on the caller's own slot with sequentially consistent atomics: of two
+ * processes racing for the last byte, at least one sees the other's addition, so both can
+ * never pass. Dead processes are found with kill(pid, 0) plus /proc/<pid>/stat (zombie
+ * state, start time against pid reuse) and their slots are zeroed by whoever notices,
+ * at most every 500 ms on the hot path and always before an out-of-memory answer.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "common.h"
+
+#define REAP_INTERVAL_NS 500000000ull
+#define DEFAULT_CACHE "/tmp/cudevshr.cache"
+
+vgpu_region_t *vgpu_region;
+static int region_fd = -1;
+static char region_path[4096];
+static int my_slot = -1;
+static pid_t my_pid;
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t region_once = PTHREAD_ONCE_INIT;
+
+uint64_t vgpu_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void file_lock(int on) {
+    if (region_fd < 0) return;
+    struct flock fl = {.l_type = on ? F_WRLCK : F_UNLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0};
+    int rc;
+    do rc = fcntl(region_fd, on ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
+    while (rc < 0 && errno == EINTR);
+    if (rc < 0 && errno == EINVAL) { /* kernels without OFD locks */
+        do rc = fcntl(region_fd, on ? F_SETLKW : F_SETLK, &fl);
+        while (rc < 0 && errno == EINTR);
+    }
+}
+
+static void lock_region(void) { pthread_mutex_lock(&reg_mu); file_lock(1); }
+static void unlock_region(void) { file_lock(0); pthread_mutex_unlock(&reg_mu); }
+
+/* starttime (field 22) and state of /proc/<pid>/stat; returns -1 when unreadable. */
+static int proc_stat(pid_t pid, uint64_t *start, char *state) {
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return -1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p || p[1] != ' ') return -1;
+    *state = p[2];
+    p += 2; /* at state, which is field 3 */
+    for (int field = 3; field < 22 && *p; p++)
+        if (*p == ' ') field++;
+    *start = strtoull(p, NULL, 10);
+    return 0;
+}
+
+static void init_header(vgpu_region_t *r) {
+    r->major = VGPU_REGION_MAJOR;
+    r->minor = VGPU_REGION_MINOR;
+    r->header_size = VGPU_HEADER_SIZE;
+    r->device_size = VGPU_DEVICE_SIZE;
+    r->slot_size = VGPU_SLOT_SIZE;
+    r->max_devices = VGPU_MAX_DEVICES;
+    r->max_slots = VGPU_MAX_SLOTS;
+    r->priority = vgpu_task_priority();
+    __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
+}
+
+static void use_private(const char *why, const char *path) {
+    VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); accounting is per process from now on", path, why);
+    if (region_fd >= 0) close(region_fd);
+    region_fd = -1;
+    void *p = mmap(NULL, sizeof(vgpu_region_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    vgpu_region = p;
+    init_header(vgpu_region);
+}
+
+static void exit_handler(void) {
+    vgpu_region_t *r = vgpu_region;
+    if (!r || my_slot < 0 || my_pid != getpid()) return;
+    vgpu_slot_t *s = &r->slots[my_slot];
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        atomic_store(&s->used[d], 0);
+        atomic_store(&s->data[d], 0);
+    }
+    atomic_store(&s->pid, 0);
+    my_slot = -1;
+}
+
+static void open_region(void) {
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    if (!path || !*path) path = DEFAULT_CACHE;
+    snprintf(region_path, sizeof region_path, "%s", path);
+    mode_t old = umask(0);
+    region_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    umask(old);
+    if (region_fd < 0) { use_private(strerror(errno), path); return; }
+    lock_region();
+    struct stat st;
+    if (fstat(region_fd, &st) != 0) { unlock_region(); use_private(strerror(errno), path); return; }
+    if ((size_t)st.st_size < sizeof(vgpu_region_t) && ftruncate(region_fd, sizeof(vgpu_region_t)) != 0) {
+        unlock_region(); use_private(strerror(errno), path); return;
+    }
+    void *p = mmap(NULL, sizeof(vgpu_region_t), PROT_READ | PROT_WRITE, MAP_SHARED, region_fd, 0);
+    if (p == MAP_FAILED) { unlock_region(); use_private(strerror(errno), path); return; }
+    vgpu_region_t *r = p;
+    uint32_t magic = __atomic_load_n(&r->magic, __ATOMIC_ACQUIRE);
+    if (magic == 0) {
+        init_header(r);
+    } else if (magic != VGPU_REGION_MAGIC || r->major != VGPU_REGION_MAJOR) {
+        unlock_region();
+        munmap(p, sizeof(vgpu_region_t));
+        char why[96];
+        snprintf(why, sizeof why, "magic 0x%x major %u, expected 0x%x major %u", magic, r->major,
+                 VGPU_REGION_MAGIC, VGPU_REGION_MAJOR);
+        use_private(why, path);
+        return;
+    }
+    vgpu_region = r;
+    unlock_region();
+    VLOG(VLOG_INFO, "shared region %s mapped", path);
+}
+
+static void after_fork_child(void) {
+    /* The child is a new process: it must get its own slot and forget the parent's allocations.
+     * It also needs its own open file description: OFD locks are owned by the description, so
+     * a shared one would let parent and child hold the registration lock at the same time. */
+    my_slot = -1;
+    my_pid = getpid();
+    pthread_mutex_init(&reg_mu, NULL);
+    if (region_fd >= 0) {
+        int fd = open(region_path, O_RDWR | O_CLOEXEC);
+        close(region_fd);
+        region_fd = fd;
+    }
+    vgpu_track_reset_after_fork();
+}
+
+static void region_init_once(void) {
+    my_pid = getpid();
+    open_region();
+    atexit(exit_handler);
+    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+int vgpu_region_ensure(void) {
+    if (VGPU_LIKELY(vgpu_region != NULL)) return 0;
+    pthread_once(&region_once, region_init_once);
+    return vgpu_region ? 0 : -1;
+}
+
+static int slot_dead(vgpu_slot_t *s, int32_t pid) {
+    if (pid <= 0 || pid == my_pid) return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+    uint64_t start;
+    char state;
+    if (proc_stat(pid, &start, &state) != 0) return 0; /* no /proc view: trust kill() */
+    if (state == 'Z' || state == 'X' || state == 'x') return 1;
+    return s->start_time && start != s->start_time;
+}
+
+int vgpu_reap_dead(int force) {
+    vgpu_region_t *r = vgpu_region;
+    if (!r) return 0;
+    uint64_t now = vgpu_now_ns(), last = atomic_load(&r->last_reap_ns);
+    if (!force && now - last < REAP_INTERVAL_NS) return 0;
+    if (!force && !atomic_compare_exchange_strong(&r->last_reap_ns, &last, now)) return 0;
+    if (force) atomic_store(&r->last_reap_ns, now);
+    int n = 0;
+    uint32_t hwm = atomic_load(&r->slot_hwm);
+    for (uint32_t i = 0; i < hwm && i < VGPU_MAX_SLOTS; i++) {
+        vgpu_slot_t *s = &r->slots[i];
+        int32_t pid = atomic_load(&s->pid);
+        if (!slot_dead(s, pid)) continue;
+        if (!atomic_compare_exchange_strong(&s->pid, &pid, -1)) continue;
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+            atomic_store(&s->used[d], 0);
+            atomic_store(&s->data[d], 0);
+            atomic_store(&s->context[d], 0);
+            atomic_store(&s->module[d], 0);
+        }
+        s->start_time = 0;
+        atomic_store(&s->hostpid, 0);
+        atomic_store(&s->pid, 0);
+        VLOG(VLOG_INFO, "released slot %u of dead process %d", i, (int)pid);
+        n++;
+    }
+    return n;
+}
+
+int vgpu_my_slot(void) {
+    if (VGPU_LIKELY(my_slot >= 0)) return my_slot;
+    if (vgpu_region_ensure() != 0) return -1;
+    vgpu_region_t *r = vgpu_region;
+    lock_region();
+    if (my_slot >= 0) { unlock_region(); return my_slot; }
+    vgpu_reap_dead(1);
+    uint64_t start = 0;
+    char state;
+    proc_stat(my_pid, &start, &state);
+    for (int i = 0; i < VGPU_MAX_SLOTS; i++) {
+        vgpu_slot_t *s = &r->slots[i];
+        int32_t expect = 0;
+        if (atomic_load(&s->pid) != 0 || !atomic_compare_exchange_strong(&s->pid, &expect, my_pid)) continue;
+        s->start_time = start;
+        uint32_t hwm = atomic_load(&r->slot_hwm);
+        while (hwm < (uint32_t)i + 1 && !atomic_compare_exchange_weak(&r->slot_hwm, &hwm, (uint32_t)i + 1)) {}
+        my_slot = i;
+        break;
+    }
+    unlock_region();
+    if (my_slot < 0) VLOG(VLOG_ERROR, "all %d process slots are taken; allocations will fail", VGPU_MAX_SLOTS);
+    return my_slot;
+}
+
+int vgpu_device_find(const char *uuid) {
+    vgpu_region_t *r = vgpu_region;
+    if (!r) return -1;
+    uint32_t n = atomic_load(&r->device_count);
+    for (uint32_t i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
+        if (atomic_load(&r->devices[i].state) == 2 && !strncmp(r->devices[i].uuid, uuid, sizeof r->devices[i].uuid))
+            return (int)i;
+    return -1;
+}
+
+int vgpu_device_register(const char *uuid, int phys) {
+    if (vgpu_region_ensure() != 0) return -1;
+    int idx = vgpu_device_find(uuid);
+    if (idx >= 0) {
+        vgpu_device_t *d = &vgpu_region->devices[idx];
+        uint64_t mine = vgpu_mem_limit_for(phys);
+        if (mine != d->limit_bytes)
+            VLOG(VLOG_WARN, "device %s: this process asks for limit %llu bytes, the region holds %llu; "
+                 "the region's value applies to the whole container", uuid, (unsigned long long)mine,
+                 (unsigned long long)d->limit_bytes);
+        return idx;
+    }
+    vgpu_region_t *r = vgpu_region;
+    lock_region();
+    idx = vgpu_device_find(uuid);
+    if (idx < 0) {
+        uint32_t n = atomic_load(&r->device_count);
+        if (n < VGPU_MAX_DEVICES) {
+            vgpu_device_t *d = &r->devices[n];
+            memset(d->uuid, 0, sizeof d->uuid);
+            snprintf(d->uuid, sizeof d->uuid, "%s", uuid);
+            d->limit_bytes = vgpu_mem_limit_for(phys);
+            d->sm_limit = vgpu_sm_limit_for(phys);
+            d->phys_index = (uint32_t)phys;
+            atomic_store(&d->state, 2);
+            atomic_store(&r->device_count, n + 1);
+            idx = (int)n;
+            VLOG(VLOG_INFO, "device %s (index %d): limit %llu bytes, sm %u%%", uuid, phys,
+                 (unsigned long long)d->limit_bytes, d->sm_limit);
+        } else {
+            VLOG(VLOG_ERROR, "more than %d devices; %s is not accounted", VGPU_MAX_DEVICES, uuid);
+        }
+    }
+    unlock_region();
+    return idx;
+}
+
+static uint64_t sum_usage(vgpu_region_t *r, int rdev) {
+    uint64_t total = 0;
+    uint32_t hwm = atomic_load(&r->slot_hwm);
+    for (uint32_t i = 0; i < hwm && i < VGPU_MAX_SLOTS; i++) {
+        uint64_t u = atomic_load(&r->slots[i].used[rdev]);
+        total = (total + u < total) ? UINT64_MAX : total + u;
+    }
+    return total;
+}
+
+uint64_t vgpu_device_usage(int rdev) {
+    vgpu_region_t *r = vgpu_region;
+    if (!r || rdev < 0) return 0;
+    vgpu_reap_dead(0);
+    return sum_usage(r, rdev);
+}
+
+int vgpu_reserve(int rdev, uint64_t bytes) {
+    int slot = vgpu_my_slot();
+    vgpu_region_t *r = vgpu_region;
+    if (slot < 0 || rdev < 0) return -1;
+    vgpu_device_t *d = &r->devices[rdev];
+    vgpu_slot_t *s = &r->slots[slot];
+    uint64_t limit = d->limit_bytes;
+    if (limit != VGPU_UNLIMITED && bytes > limit) return -1;
+    vgpu_reap_dead(0);
+    for (int attempt = 0; attempt < 4; attempt++) {
+        atomic_fetch_add(&s->used[rdev], bytes);
+        if (limit == VGPU_UNLIMITED || sum_usage(r, rdev) <= limit) {
+            atomic_fetch_add(&s->data[rdev], bytes);
+            return 0;
+        }
+        atomic_fetch_sub(&s->used[rdev], bytes);
+        /* Over the limit: reclaim dead processes first; otherwise another reservation may
+         * be in flight and about to back out, so retry after a short random pause. */
+        if (vgpu_reap_dead(1) == 0) {
+            struct timespec ts = {0, 20000 + (long)(((unsigned)rand() ^ (unsigned)my_pid) % 80000)};
+            if (attempt == 3) break;
+            nanosleep(&ts, NULL);
+        }
+    }
+    return -1;
+}
+
+static void sub_clamped(_Atomic uint64_t *c, uint64_t bytes) {
+    uint64_t cur = atomic_load(c), next;
+    do {
+        next = cur >= bytes ? cur - bytes : 0;
+    } while (!atomic_compare_exchange_weak(c, &cur, next));
+    if (cur < bytes) VLOG(VLOG_WARN, "counter underflow avoided (had %llu, freeing %llu)",
+                          (unsigned long long)cur, (unsigned long long)bytes);
+}
+
+void vgpu_unreserve(int rdev, uint64_t bytes) {
+    if (my_slot < 0 || rdev < 0 || !vgpu_region) return;
+    vgpu_slot_t *s = &vgpu_region->slots[my_slot];
+    sub_clamped(&s->used[rdev], bytes);
+    sub_clamped(&s->data[rdev], bytes);
+}
+
+void vgpu_charge_context(int rdev, uint64_t bytes) {
+    int slot = vgpu_my_slot();
+    if (slot < 0 || rdev < 0) return;
+    vgpu_slot_t *s = &vgpu_region->slots[slot];
+    atomic_fetch_add(&s->used[rdev], bytes);
+    atomic_fetch_add(&s->context[rdev], bytes);
+}
+
+void vgpu_uncharge_context(int rdev, uint64_t bytes) {
+    if (my_slot < 0 || rdev < 0 || !vgpu_region) return;
+    vgpu_slot_t *s = &vgpu_region->slots[my_slot];
+    sub_clamped(&s->used[rdev], bytes);
+    sub_clamped(&s->context[rdev], bytes);
+}

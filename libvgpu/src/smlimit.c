@@ -1,0 +1,213 @@
+/*
+ * smlimit.c - compute share (CUDA_DEVICE_SM_LIMIT) enforced by the library alone.
+ *
+ * Why duty cycling instead of HAMi-core's token bucket: HAMi-core refilled tokens from
+ * NVML per-process utilisation that a node agent had to map to host PIDs; without that
+ * agent (or on MIG / vGPU guests) the limit silently did nothing, and with it the
+ * arithmetic scaled with SM count squared (core#274, core#314). Here each process measures
+ * the wall time during which the container kept the GPU busy, in slices: the first launch
+ * after a pause opens a slice; the first launch after LIBVGPU_SM_SLICE_MS (250 ms) closes it
+ * by draining the context (cuCtxSynchronize), so the slice's busy time is known exactly
+ * (conservatively: CPU gaps inside a slice count as busy); then launches wait for
+ * busy * (100 - p) / p. The pause is kept in the shared region per device, merged over the
+ * container's processes by the union of their busy intervals, so all processes of a
+ * container share one budget. Hard cap by default; LIBVGPU_SM_USE_IDLE=true skips the
+ * pause while NVML shows no compute process on the card outside this container.
+ * The disabled path costs one load and one predictable branch per launch.
+ */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "common.h"
+#include "hooks.h"
+
+#undef cuLaunchKernel
+#undef cuLaunchKernelEx
+#undef cuLaunchCooperativeKernel
+#undef cuGraphLaunch
+
+extern char **environ;
+
+enum { SM_UNKNOWN = 0, SM_NONE = 1, SM_ACTIVE = 2 };
+static int sm_state = SM_UNKNOWN;
+static uint64_t slice_ns = 250000000ull; /* long enough for the power cap to engage (see docs) */
+static int idle_mode;
+
+typedef struct {
+    pthread_mutex_t mu;
+    uint64_t slice_start; /* 0 = no slice open */
+} pacer_t;
+static pacer_t pacers[VGPU_MAX_DEVICES];
+static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
+
+static void sm_setup(void) {
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&pacers[i].mu, NULL);
+    int any = 0;
+    for (char **e = environ; e && *e; e++)
+        if (!strncmp(*e, "CUDA_DEVICE_SM_LIMIT", 20)) any = 1;
+    int policy = vgpu_sm_policy();
+    idle_mode = policy != SM_POLICY_FORCE && vgpu_sm_idle_mode();
+    const char *s = getenv("LIBVGPU_SM_SLICE_MS");
+    if (s && atoi(s) > 0) slice_ns = (uint64_t)atoi(s) * 1000000ull;
+    int state = (!any || policy == SM_POLICY_DISABLE || vgpu_control_disabled()) ? SM_NONE : SM_ACTIVE;
+    if (state == SM_ACTIVE) VLOG(VLOG_INFO, "compute limiter on (slice %llu ms, %s)",
+                                 (unsigned long long)(slice_ns / 1000000), idle_mode ? "idle-time mode" : "hard cap");
+    __atomic_store_n(&sm_state, state, __ATOMIC_RELEASE);
+}
+
+static void sleep_until(uint64_t t) {
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {}
+}
+
+/* 1 when NVML lists no more compute processes on the device than this container has. */
+static int alone_on_device(vgpu_device_t *d) {
+    typedef int (*byuuid_t)(const char *, void **);
+    typedef int (*procs_t)(void *, unsigned *, void *);
+    typedef int (*init_t)(void);
+    init_t init = (init_t)REAL_NVML_PTR(nvmlInit_v2);
+    byuuid_t byuuid = (byuuid_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetHandleByUUID];
+    procs_t procs = (procs_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetComputeRunningProcesses_v3];
+    if (!procs) procs = (procs_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetComputeRunningProcesses];
+    void *h;
+    unsigned count = 0;
+    if (!init || !byuuid || !procs || init() != 0 || byuuid(d->uuid, &h) != 0) return 0;
+    int rc = procs(h, &count, NULL);
+    if (rc != 0 && rc != 7 /* NVML_ERROR_INSUFFICIENT_SIZE */) return 0;
+    unsigned mine = 0;
+    uint32_t hwm = atomic_load(&vgpu_region->slot_hwm);
+    for (uint32_t i = 0; i < hwm && i < VGPU_MAX_SLOTS; i++)
+        if (atomic_load(&vgpu_region->slots[i].pid) > 0) mine++;
+    return count <= mine;
+}
+
+/* Closes this process's open slice on device `d`: drains the context, charges the busy time
+ * not already charged by another process (union of intervals) and extends the shared pause.
+ * `force` closes a slice shorter than slice_ns (before waiting for someone else's pause, so
+ * the pause itself is never charged as busy time). */
+static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, CUstream s, int force) {
+    pthread_mutex_lock(&pc->mu);
+    uint64_t start = pc->slice_start;
+    if (!start || (!force && now - start < slice_ns)) { pthread_mutex_unlock(&pc->mu); return; }
+    CUstreamCaptureStatus cap = CU_STREAM_CAPTURE_STATUS_NONE;
+    typedef CUresult (*cap_t)(CUstream, CUstreamCaptureStatus *);
+    cap_t iscap = (cap_t)REAL_PTR(cuStreamIsCapturing);
+    if (iscap && iscap(s, &cap) == CUDA_SUCCESS && cap != CU_STREAM_CAPTURE_STATUS_NONE) {
+        pthread_mutex_unlock(&pc->mu); /* never synchronise inside a stream capture */
+        return;
+    }
+    typedef CUresult (*sync_t)(void);
+    sync_t sync = (sync_t)REAL_PTR(cuCtxSynchronize);
+    if (sync) sync();
+    uint64_t end = vgpu_now_ns();
+    uint64_t cov = atomic_load(&d->covered_until_ns), from;
+    do {
+        from = start > cov ? start : cov;
+    } while (!atomic_compare_exchange_weak(&d->covered_until_ns, &cov, cov > end ? cov : end));
+    uint64_t busy = end > from ? end - from : 0;
+    uint32_t p = d->sm_limit;
+    uint64_t idle = busy * (100 - p) / p;
+    if (idle_mode && idle && alone_on_device(d)) idle = 0;
+    uint64_t pu = atomic_load(&d->pause_until_ns), next;
+    do {
+        next = (pu > end ? pu : end) + idle;
+    } while (!atomic_compare_exchange_weak(&d->pause_until_ns, &pu, next));
+    atomic_fetch_add(&d->busy_ns_total, busy);
+    atomic_store(&d->last_kernel_time, (uint64_t)time(NULL));
+    __atomic_store_n(&pc->slice_start, 0, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&pc->mu);
+    VLOG(VLOG_DEBUG, "device %d slice: busy %llu us, pause %llu us", rdev, (unsigned long long)(busy / 1000),
+         (unsigned long long)(idle / 1000));
+}
+
+void vgpu_sm_before_launch(void *stream) {
+    if (VGPU_UNLIKELY(__atomic_load_n(&sm_state, __ATOMIC_ACQUIRE) == SM_UNKNOWN)) pthread_once(&sm_once, sm_setup);
+    if (sm_state != SM_ACTIVE) return;
+    int rdev = vgpu_current_rdev();
+    if (rdev < 0 || !vgpu_region) return;
+    vgpu_device_t *d = &vgpu_region->devices[rdev];
+    if (d->sm_limit >= 100 || d->sm_limit == 0) return;
+    while (atomic_load(&vgpu_region->blocked)) { /* a node agent holds this container back */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    pacer_t *pc = &pacers[rdev];
+    uint64_t now = vgpu_now_ns();
+    uint64_t pu = atomic_load(&d->pause_until_ns);
+    uint64_t start = __atomic_load_n(&pc->slice_start, __ATOMIC_RELAXED);
+    if (now < pu) {
+        /* Someone (this or another process) is pausing the device: charge what we ran so far,
+         * wait, and open a fresh slice afterwards. */
+        if (start) close_slice(rdev, d, pc, now, (CUstream)stream, 1);
+    } else if (start == 0) {
+        pthread_mutex_lock(&pc->mu);
+        if (pc->slice_start == 0) __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&pc->mu);
+        return;
+    } else if (now - start < slice_ns) {
+        return;
+    } else {
+        close_slice(rdev, d, pc, now, (CUstream)stream, 0);
+    }
+    pu = atomic_load(&d->pause_until_ns);
+    now = vgpu_now_ns();
+    if (now < pu) {
+        sleep_until(pu);
+        atomic_fetch_add(&d->throttled_ns_total, pu - now);
+        now = vgpu_now_ns();
+    }
+    pthread_mutex_lock(&pc->mu);
+    if (pc->slice_start == 0) __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&pc->mu);
+}
+
+#define PACE(s) do { if (VGPU_UNLIKELY(sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s)); } while (0)
+#define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+
+typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void **, void **);
+typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*coop_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                           CUstream, void **);
+typedef CUresult (*graph_t)(CUgraphExec, CUstream);
+
+VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
+    PACE(s);
+    return CALL_REAL(launch_t, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                         unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                         void **extra) {
+    PACE(s);
+    return CALL_REAL(launch_t, cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    PACE(c ? c->hStream : NULL);
+    return CALL_REAL(launch_ex_t, cuLaunchKernelEx, c, f, params, extra);
+}
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
+    PACE(c ? c->hStream : NULL);
+    return CALL_REAL(launch_ex_t, cuLaunchKernelEx_ptsz, c, f, params, extra);
+}
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
+    PACE(s);
+    return CALL_REAL(coop_t, cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                                    unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
+                                                    void **params) {
+    PACE(s);
+    return CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
+    PACE(s);
+    return CALL_REAL(graph_t, cuGraphLaunch, g, s);
+}
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
+    PACE(s);
+    return CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
+}

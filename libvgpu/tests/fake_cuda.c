@@ -1,0 +1,344 @@
+/*
+ * fake_cuda.c - a stand-in libcuda.so.1 for machines without a GPU (CI).
+ *
+ * It simulates FAKE_GPU_COUNT devices with physical capacity (fake_state.h), honours
+ * CUDA_VISIBLE_DEVICES (integer or "GPU-..." entries), counts every call (fake_count),
+ * returns real CUresult numbers, and resolves cuGetProcAddress by name x version x
+ * per-thread-stream flag from its own table, so tests can see exactly which versioned
+ * function a caller was handed. Launches model a GPU queue of FAKE_KERNEL_US per kernel;
+ * cuCtxSynchronize waits for it, and fake_busy_ns() reports the modelled busy time.
+ */
+#include <cuda.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+#include "fake_state.h"
+
+#undef cuMemAlloc
+#undef cuMemFree
+#undef cuMemGetInfo
+#undef cuDeviceTotalMem
+#undef cuMemAllocPitch
+#undef cuArrayCreate
+#undef cuArray3DCreate
+#undef cuGetProcAddress
+#undef cuDeviceGetUuid
+#undef cuCtxCreate
+#undef cuDevicePrimaryCtxRelease
+#undef cuMemPrefetchAsync
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- call counting ---- */
+#define MAXC 128
+static struct { const char *name; _Atomic int n; } counters[MAXC];
+static pthread_mutex_t cmu = PTHREAD_MUTEX_INITIALIZER;
+static void count(const char *name) {
+    for (int i = 0; i < MAXC; i++) {
+        if (counters[i].name == name) { counters[i].n++; return; }
+        if (!counters[i].name) {
+            pthread_mutex_lock(&cmu);
+            if (!counters[i].name) { counters[i].name = name; counters[i].n = 1; pthread_mutex_unlock(&cmu); return; }
+            pthread_mutex_unlock(&cmu);
+            if (counters[i].name == name) { counters[i].n++; return; }
+        }
+    }
+}
+EXPORT int fake_count(const char *name) {
+    for (int i = 0; i < MAXC && counters[i].name; i++)
+        if (!strcmp(counters[i].name, name)) return counters[i].n;
+    return 0;
+}
+#define COUNT() count(__func__)
+
+/* ---- devices ---- */
+static int inited;
+static int visible[FAKE_MAX_DEV], nvisible = -1;
+
+static void setup_visible(void) {
+    if (nvisible >= 0) return;
+    int total = fake_count_env();
+    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+    if (!cvd) {
+        for (int i = 0; i < total; i++) visible[i] = i;
+        nvisible = total;
+        return;
+    }
+    nvisible = 0;
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", cvd);
+    for (char *save, *t = strtok_r(buf, ",", &save); t && nvisible < FAKE_MAX_DEV; t = strtok_r(NULL, ",", &save)) {
+        int phys = -1;
+        if (!strncmp(t, "GPU-", 4)) {
+            for (int i = 0; i < total; i++) {
+                char u[64];
+                fake_uuid_string(i, u, sizeof u);
+                if (!strncmp(u, t, strlen(t))) phys = i;
+            }
+        } else {
+            char *end;
+            long v = strtol(t, &end, 10);
+            if (*end == 0 && v >= 0 && v < total) phys = (int)v;
+        }
+        if (phys < 0) break; /* the driver stops at the first invalid entry */
+        visible[nvisible++] = phys;
+    }
+}
+
+static __thread int cur_dev = -1;
+#define NEED_INIT() do { if (!inited) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+
+EXPORT CUresult cuInit(unsigned int flags) { COUNT(); setup_visible(); inited = 1; return CUDA_SUCCESS; }
+EXPORT CUresult cuDriverGetVersion(int *v) { COUNT(); *v = 13000; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *n) { COUNT(); NEED_INIT(); *n = nvisible; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ord) {
+    COUNT(); NEED_INIT();
+    if (ord < 0 || ord >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ord;
+    return CUDA_SUCCESS;
+}
+static CUresult uuid_of(CUuuid *u, CUdevice d) {
+    NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    memset(u, 0, sizeof *u);
+    u->bytes[0] = (char)0xfa; u->bytes[1] = (char)0xce; u->bytes[3] = (char)visible[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { COUNT(); return uuid_of(u, d); }
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { COUNT(); return uuid_of(u, d); }
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    COUNT(); NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    *c = (CUcontext)(uintptr_t)(0x1000 + d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { COUNT(); return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    COUNT(); NEED_INIT();
+    cur_dev = c ? (int)((uintptr_t)c - 0x1000) : -1;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
+    COUNT(); NEED_INIT();
+    if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *d = cur_dev;
+    return CUDA_SUCCESS;
+}
+
+/* ---- physical memory ---- */
+typedef struct alloc { uint64_t key; uint64_t bytes; int phys; struct alloc *next; } alloc_t;
+static alloc_t *allocs;
+static pthread_mutex_t amu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t next_addr = 0x10000000ull; /* fits the 32-bit v1 ABI */
+
+static CUresult phys_alloc(int dev, uint64_t bytes, uint64_t *key) {
+    if (dev < 0 || dev >= nvisible) return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    int phys = visible[dev];
+    fake_phys_t *p = fake_phys();
+    uint64_t cap = fake_capacity(phys), cur = atomic_load(&p->used[phys]);
+    do {
+        if (cur + bytes > cap || cur + bytes < cur) return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!atomic_compare_exchange_weak(&p->used[phys], &cur, cur + bytes));
+    alloc_t *a = malloc(sizeof *a);
+    pthread_mutex_lock(&amu);
+    a->key = next_addr;
+    next_addr += (bytes + 0xfffff) & ~0xfffffull;
+    a->bytes = bytes; a->phys = phys; a->next = allocs; allocs = a;
+    *key = a->key;
+    pthread_mutex_unlock(&amu);
+    return CUDA_SUCCESS;
+}
+static CUresult phys_free(uint64_t key) {
+    pthread_mutex_lock(&amu);
+    alloc_t **pp = &allocs, *a;
+    while ((a = *pp) && a->key != key) pp = &a->next;
+    if (a) *pp = a->next;
+    pthread_mutex_unlock(&amu);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    atomic_fetch_sub(&fake_phys()->used[a->phys], a->bytes);
+    free(a);
+    return CUDA_SUCCESS;
+}
+#define CUR() (cur_dev)
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = (unsigned)k; return r; }
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t b, unsigned f) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
+    COUNT(); NEED_INIT();
+    const char *s = getenv("FAKE_PITCH_ALIGN");
+    size_t al = s ? strtoul(s, NULL, 10) : 512;
+    size_t pt = (w + al - 1) / al * al;
+    uint64_t k;
+    CUresult r = phys_alloc(CUR(), (uint64_t)pt * h, &k);
+    if (!r) { *p = k; *pitch = pt; }
+    return r;
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { COUNT(); NEED_INIT(); return p ? phys_free(p) : CUDA_SUCCESS; }
+EXPORT CUresult cuMemFree(unsigned int p) { COUNT(); NEED_INIT(); return p ? phys_free(p) : CUDA_SUCCESS; }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); return phys_free(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); return phys_free(p); }
+
+static uint64_t fmt_bytes(CUarray_format f) {
+    switch ((int)f) { case CU_AD_FORMAT_UNSIGNED_INT8: return 1; case CU_AD_FORMAT_HALF: return 2; default: return 4; }
+}
+EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
+    COUNT(); NEED_INIT(); uint64_t k;
+    CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
+    if (!r) *a = (CUarray)(uintptr_t)k;
+    return r;
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    COUNT(); NEED_INIT(); uint64_t k;
+    CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
+    if (!r) *a = (CUarray)(uintptr_t)k;
+    return r;
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)a); }
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned lv) {
+    COUNT(); NEED_INIT(); uint64_t k, bytes = 0;
+    size_t w = d->Width, h = d->Height, z = d->Depth;
+    for (unsigned i = 0; i < (lv ? lv : 1); i++) {
+        bytes += (uint64_t)w * (h ? h : 1) * (z ? z : 1) * fmt_bytes(d->Format) * d->NumChannels;
+        w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h; z = z > 1 ? z / 2 : z;
+    }
+    CUresult r = phys_alloc(CUR(), bytes, &k);
+    if (!r) *m = (CUmipmappedArray)(uintptr_t)k;
+    return r;
+}
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)m); }
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long f) {
+    COUNT(); NEED_INIT(); uint64_t k;
+    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) { *h = 0x5000000000ull + size; return CUDA_SUCCESS; }
+    CUresult r = phys_alloc(prop->location.id, size, &k);
+    if (!r) *h = k;
+    return r;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    COUNT(); NEED_INIT();
+    if (h >= 0x5000000000ull) return CUDA_SUCCESS;
+    return phys_free(h);
+}
+EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
+    COUNT(); NEED_INIT();
+    if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    int phys = visible[cur_dev];
+    uint64_t cap = fake_capacity(phys), used = atomic_load(&fake_phys()->used[phys]);
+    *tot = cap; *fr = used > cap ? 0 : cap - used;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemGetInfo(unsigned int *fr, unsigned int *tot) {
+    size_t f, t; CUresult r = cuMemGetInfo_v2(&f, &t);
+    if (!r) { *fr = f > 0xffffffffu ? 0xffffffffu : (unsigned)f; *tot = t > 0xffffffffu ? 0xffffffffu : (unsigned)t; }
+    return r;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) {
+    COUNT(); NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    *b = fake_capacity(visible[d]);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem(unsigned int *b, CUdevice d) {
+    size_t t; CUresult r = cuDeviceTotalMem_v2(&t, d);
+    if (!r) *b = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+    return r;
+}
+/* Two ABIs that HAMi-core confused (core#57): v1 has 4 arguments, v2 has 5. */
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice d, CUstream s) { COUNT(); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation l, unsigned f, CUstream s) { COUNT(); return CUDA_SUCCESS; }
+
+/* ---- launches: a modelled GPU queue ---- */
+static _Atomic uint64_t busy_total, my_done;
+static uint64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec; }
+static void enqueue(void) {
+    const char *s = getenv("FAKE_KERNEL_US");
+    uint64_t d = s ? strtoull(s, NULL, 10) * 1000 : 0;
+    if (!d || cur_dev < 0) return;
+    _Atomic uint64_t *q = &fake_phys()->busy_until[visible[cur_dev]];
+    uint64_t now = now_ns(), cur = atomic_load(q), next;
+    do { next = (cur > now ? cur : now) + d; } while (!atomic_compare_exchange_weak(q, &cur, next));
+    atomic_store(&my_done, next);
+    atomic_fetch_add(&busy_total, d);
+}
+EXPORT uint64_t fake_busy_ns(void) { return atomic_load(&busy_total); }
+EXPORT CUresult cuCtxSynchronize(void) {
+    COUNT(); NEED_INIT();
+    uint64_t t = atomic_load(&my_done), now = now_ns();
+    if (t > now) { struct timespec ts = {(time_t)((t - now) / 1000000000ull), (long)((t - now) % 1000000000ull)}; nanosleep(&ts, NULL); }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { COUNT(); *st = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS; }
+#define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
+EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchCooperativeKernel(LAUNCH_ARGS, void **p) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_ARGS, void **p) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+
+/* ---- cuGetProcAddress: name x version x flags, from our own table ---- */
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags);
+typedef struct { const char *name; void *fn; int min_ver; } proc_t;
+#define P(n, v) {#n, (void *)n, v}
+static const proc_t procs[] = {
+    P(cuInit, 2000), P(cuDriverGetVersion, 2020), P(cuDeviceGetCount, 2000), P(cuDeviceGet, 2000),
+    P(cuDeviceGetUuid, 9020), P(cuDeviceGetUuid_v2, 11040), P(cuCtxGetDevice, 2000), P(cuCtxSetCurrent, 4000),
+    P(cuDevicePrimaryCtxRetain, 7000), P(cuCtxSynchronize, 2000),
+    P(cuMemAlloc, 2000), P(cuMemAlloc_v2, 3020), P(cuMemFree, 2000), P(cuMemFree_v2, 3020),
+    P(cuMemAllocPitch_v2, 3020), P(cuMemAllocManaged, 6000), P(cuMemAllocAsync, 11020), P(cuMemAllocAsync_ptsz, 11020),
+    P(cuMemAllocFromPoolAsync, 11020), P(cuMemAllocFromPoolAsync_ptsz, 11020), P(cuMemFreeAsync, 11020),
+    P(cuMemFreeAsync_ptsz, 11020), P(cuArrayCreate_v2, 3020), P(cuArray3DCreate_v2, 3020), P(cuArrayDestroy, 2000),
+    P(cuMipmappedArrayCreate, 5000), P(cuMipmappedArrayDestroy, 5000), P(cuMemCreate, 10020), P(cuMemRelease, 10020),
+    P(cuMemGetInfo, 2000), P(cuMemGetInfo_v2, 3020), P(cuDeviceTotalMem, 2000), P(cuDeviceTotalMem_v2, 3020),
+    P(cuMemPrefetchAsync, 8000), P(cuMemPrefetchAsync_v2, 12020),
+    P(cuLaunchKernel, 4000), P(cuLaunchKernel_ptsz, 7000), P(cuLaunchKernelEx, 11060), P(cuLaunchKernelEx_ptsz, 11060),
+    P(cuLaunchCooperativeKernel, 9000), P(cuLaunchCooperativeKernel_ptsz, 9000), P(cuGraphLaunch, 10000),
+    P(cuGraphLaunch_ptsz, 10000), P(cuGetProcAddress, 11030), P(cuGetProcAddress_v2, 12000),
+};
+static const proc_t *find_proc(const char *name) {
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (!strcmp(procs[i].name, name)) return &procs[i];
+    return NULL;
+}
+EXPORT const char *fake_proc_name(void *fn) {
+    for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
+        if (procs[i].fn == fn) return procs[i].name;
+    return NULL;
+}
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st) {
+    COUNT();
+    char name[128];
+    const proc_t *best = NULL, *any = NULL;
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+        snprintf(name, sizeof name, "%s_ptsz", sym);
+        const proc_t *p = find_proc(name);
+        if (p && p->min_ver <= ver) best = p;
+    }
+    for (int v = 3; v >= 1 && !best; v--) {
+        if (v > 1) snprintf(name, sizeof name, "%s_v%d", sym, v);
+        else snprintf(name, sizeof name, "%s", sym);
+        const proc_t *p = find_proc(name);
+        if (p && !any) any = p;
+        if (p && p->min_ver <= ver) best = p;
+    }
+    if (!best) {
+        *pfn = NULL;
+        if (st) *st = any ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = best->fn;
+    if (st) *st = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags) {
+    COUNT();
+    return cuGetProcAddress_v2(sym, pfn, ver, flags, NULL);
+}

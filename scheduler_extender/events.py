@@ -1,0 +1,130 @@
+"""Pod events (FilteringSucceed / FilteringFailed / BindingSucceed / BindingFailed) sent off the request path.
+
+An Event is an API write; waiting for it inside /filter or /bind would put an extra round trip on every
+scheduling decision (and the filter path may make exactly one API call: the pod patch). So events go
+into a bounded queue that a background task drains; when the API server is slow and the queue is
+full, events are dropped and counted (`hami_scheduler_events_dropped_total`), as client-go's
+broadcaster does - a scheduling decision is never delayed for an event.
+
+The message texts are built here, once: HAMi's reason words and sentence shapes (hami-legacy-spec
+§2.10), with failing nodes grouped by reason so `kubectl describe pod` shows one line per cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FILTERING_SUCCEED = "FilteringSucceed"
+FILTERING_FAILED = "FilteringFailed"
+BINDING_SUCCEED = "BindingSucceed"
+BINDING_FAILED = "BindingFailed"
+
+#: `--events`: all (HAMi: every filter and bind), failures (Warning events only), none.
+EVENT_LEVELS = ("all", "failures", "none")
+
+#: Node names listed per reason group before "and N more".
+MAX_NAMES = 5
+
+
+def group_reasons(failed: Mapping[str, str]) -> list[tuple[str, list[str]]]:
+    """Failed nodes grouped by reason text, biggest group first: [(reason, [node, ...]), ...]."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for node, reason in failed.items():
+        groups[reason].append(node)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def _names(nodes: list[str]) -> str:
+    shown = ", ".join(sorted(nodes)[:MAX_NAMES])
+    return shown + (f" and {len(nodes) - MAX_NAMES} more" if len(nodes) > MAX_NAMES else "")
+
+
+def filtering_failed_message(failed: Mapping[str, str]) -> str:
+    """``no available node, 3 nodes do not meet: 2 nodes 2/2 CardInsufficientMemory (n1, n2); ...``."""
+    parts = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} {reason} ({_names(nodes)})"
+             for reason, nodes in group_reasons(failed)]  # fmt: skip
+    return f"no available node, {len(failed)} nodes do not meet: " + "; ".join(parts)
+
+
+def filtering_succeed_message(node: str, cards: list[str], not_chosen: int) -> str:
+    """``find fit node(node1), cards GPU-a, GPU-b; 2 other candidate nodes not chosen``."""
+    return f"find fit node({node}), cards {', '.join(cards) or 'none'}; {not_chosen} other candidate nodes not chosen"
+
+
+def binding_succeed_message(node: str, namespace: str, name: str) -> str:
+    """HAMi's text: ``Successfully binding node [node1] to default/gpu-pod``."""
+    return f"Successfully binding node [{node}] to {namespace}/{name}"
+
+
+class EventSink:
+    """A bounded queue of events drained by one background task through `send` (a blocking call run in
+    a thread, e.g. `KubeClient.create_event`). `on_drop()` is called for every dropped event."""
+
+    def __init__(
+        self,
+        send: Callable[..., Any] | None,
+        *,
+        component: str,
+        capacity: int = 1000,
+        on_drop: Callable[[], None] | None = None,
+        level: str = "all",
+    ) -> None:
+        if level not in EVENT_LEVELS:
+            raise ValueError(f"event level {level!r}: valid: {', '.join(EVENT_LEVELS)}")
+        self._send = send if level != "none" else None
+        self.warnings_only = level == "failures"
+        self.component = component
+        self._queue: asyncio.Queue[tuple[dict[str, Any], dict[str, Any]]] = asyncio.Queue(capacity)
+        self._on_drop = on_drop or (lambda: None)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._send is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="event-sink")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def emit(self, involved: Mapping[str, Any], *, reason: str, message: str, warning: bool = False) -> None:
+        """Queue one event about `involved` (a Pod dict or a stub with kind and metadata). Never blocks."""
+        if self._send is None or (self.warnings_only and not warning):
+            return
+        kwargs = {"reason": reason, "message": message, "type": "Warning" if warning else "Normal",
+                  "component": self.component}  # fmt: skip
+        try:
+            self._queue.put_nowait((dict(involved), kwargs))
+        except asyncio.QueueFull:
+            self._on_drop()
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait until every queued event was handed to the API (tests)."""
+        await asyncio.wait_for(self._queue.join(), timeout_s)
+
+    async def _run(self) -> None:
+        assert self._send is not None
+        while True:
+            involved, kwargs = await self._queue.get()
+            try:
+                await asyncio.to_thread(self._send, involved, **kwargs)
+            except Exception as e:  # noqa: BLE001 - an event is never worth a crash
+                log.warning("event %s not recorded: %s", kwargs.get("reason"), e)
+            finally:
+                self._queue.task_done()
+
+
+def pod_ref(namespace: str, name: str, uid: str = "") -> dict[str, Any]:
+    """A minimal involved-object stub for a pod known only by name (bind calls)."""
+    meta = {"namespace": namespace, "name": name, **({"uid": uid} if uid else {})}
+    return {"kind": "Pod", "apiVersion": "v1", "metadata": meta}

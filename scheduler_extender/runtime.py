@@ -1,0 +1,119 @@
+"""Who may serve: leader election, the per-term cluster sync, and the readiness answer built from both.
+
+With leader election off the replica is always active: one sync starts at once and the replica is
+ready when it has synced. With it on, every replica campaigns for a `coordination.k8s.io/v1` Lease;
+winning starts a fresh `ClusterSync` (state rebuilt from annotations), losing stops it and empties
+the state, so a standby never serves from a stale view and answers /readyz 503 and /filter with an
+``Error`` (kube-scheduler then retries the pod; a Service that selects ready endpoints sends traffic
+to the leader only).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from hami.cluster import ClusterState
+from hami.kube import KubeClient, LeaderElector
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.sync import ClusterSync
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    """Starts and stops terms; `readiness()` is None only for a leader whose caches synced this term.
+
+    `sync_options` are passed to every `ClusterSync`; `election` (None = no leader election) holds
+    `LeaderElector` keywords: namespace, name, identity and optionally the durations.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        state: ClusterState,
+        *,
+        metrics: ExtenderMetrics | None = None,
+        election: dict[str, Any] | None = None,
+        sync_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.state = state
+        self.metrics = metrics
+        self.sync_options = dict(sync_options or {})
+        self._lock = threading.Lock()
+        self.sync: ClusterSync | None = None
+        self.term = 0
+        self.elector: LeaderElector | None = None
+        if election is not None:
+            self.elector = LeaderElector(
+                client,
+                on_started_leading=self._start_term,
+                on_stopped_leading=self._end_term,
+                **election,
+            )
+
+    def start(self) -> None:
+        """Begin: campaign (leader election) or start the only term."""
+        if self.elector is None:
+            self._start_term()
+        else:
+            self.elector.start()
+
+    def stop(self) -> None:
+        """Stop campaigning (releasing the Lease when held) and end the current term."""
+        if self.elector is not None:
+            self.elector.stop()
+        self._end_term()
+
+    def _start_term(self) -> None:
+        with self._lock:
+            if self.sync is not None:
+                self.sync.stop()
+            self.term += 1
+            log.info("term %d: rebuilding state from the API server", self.term)
+            self.sync = ClusterSync(self.client, self.state, **self.sync_options).start()
+        self._gauges()
+
+    def _end_term(self) -> None:
+        with self._lock:
+            sync, self.sync = self.sync, None
+        if sync is not None:
+            sync.stop()
+            # A standby must not keep serving from (or counting into) the old term's view.
+            self.state.rebuild([], [], [])
+            log.info("term %d ended; state cleared", self.term)
+        self._gauges()
+
+    @property
+    def is_leader(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    def readiness(self) -> str | None:
+        """None when this replica may filter and bind, else the reason it may not."""
+        if not self.is_leader:
+            holder = self.elector.leader_identity if self.elector is not None else ""
+            return f"standby replica (leader is {holder or 'not known yet'})"
+        sync = self.sync
+        if sync is None or not sync.synced:
+            return "caches of nodes, pods and resourcequotas are not synced yet in this leadership term"
+        self._gauges()
+        return None
+
+    def _gauges(self) -> None:
+        if self.metrics is not None:
+            self.metrics.is_leader.set(1 if self.is_leader else 0)
+            sync = self.sync
+            self.metrics.synced.set(1 if sync is not None and sync.synced else 0)
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Block until ready (tests, benchmarks)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.readiness() is None:
+                return True
+            time.sleep(0.02)
+        return False

@@ -1,0 +1,353 @@
+"""The extender's two verbs, orchestrated: filter = decide + reserve (ClusterState) + record (one pod patch);
+bind = node lock + bind-phase patch + Binding, undoing what was taken on any failure.
+
+Rules this module keeps (k8s-protocols §1.2/§1.8, hami-legacy-spec §2.3/§2.7/§2.9):
+
+* Always an HTTP-200 answer; a request-level problem (bad body, not ready, standby replica, a pod that
+  cannot be understood, the decision could not be recorded) is the reply's ``Error``; a pod that fits
+  nowhere is not an error but an empty ``NodeNames`` with a reason for every node.
+* The reply names only nodes the caller sent, and exactly one passes (this extender makes the final
+  node and card choice, like HAMi); every other candidate is in ``FailedNodes`` with its reason.
+* The decision and the reservation happen inside `ClusterState.filter` under its lock, so two
+  concurrent filters never take the same capacity. The only API call on the filter path is the pod
+  patch that records the decision (``hami.io/vgpu-node`` annotation and label, ``hami.io/vgpu-time``,
+  the vendors' device lists); if it fails the reservation is released and the reply is an ``Error``.
+  Events are queued, never awaited.
+* Bind takes the node lock, marks the pod ``hami.io/bind-phase: allocating`` with ``hami.io/bind-time``,
+  then creates the Binding. A failure after the lock releases the lock (owner-checked); a pod or node
+  that is gone also releases the reservation. Other failures keep the reservation: the pod still carries
+  its allocation annotations (so a rebuild would count it too) until kube-scheduler filters it again,
+  which replaces the reservation, or the pod is deleted (HAMi §2.9).
+* Binding an already-bound pod to the same node succeeds (kube-scheduler may retry after a timeout).
+
+Blocking work (ClusterState, the kube client) runs in worker threads; the event loop only parses,
+dispatches and answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hami import annotations as A
+from hami.cluster import ClusterState, FilterOutcome
+from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention, NotFound
+from hami.nodelock import NODE_LOCK_EXPIRY_S, lock_node, release_node_lock
+from scheduler_extender import events as ev
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.wire import (
+    BindArgs,
+    FilterArgs,
+    bind_result,
+    filter_result,
+    parse_bind_args,
+    parse_filter_args,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Extender behaviour knobs (flags in `scheduler_extender.cli`).
+
+    `scheduler_name`: pods must carry this ``spec.schedulerName`` to be placed (HAMi
+    ``--scheduler-name``); "" accepts any. `node_lock_expiry_s`: HAMi ``--node-lock-timeout``.
+    """
+
+    scheduler_name: str = "hami-scheduler"
+    node_lock_expiry_s: float = NODE_LOCK_EXPIRY_S
+
+
+class BindFailure(Exception):
+    """A bind step failed: `reason` is the metric label, the message goes into ``Error`` and the event."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Extender:
+    """Filter and bind over `state` and `client` (a `hami.kube.KubeClient`, or None for no API writes).
+
+    `readiness()` returns None when this replica may serve, else why not (standby, caches syncing).
+    """
+
+    def __init__(
+        self,
+        state: ClusterState,
+        client: Any,
+        *,
+        settings: Settings | None = None,
+        metrics: ExtenderMetrics | None = None,
+        events: ev.EventSink | None = None,
+        readiness: Callable[[], str | None] = lambda: None,
+    ) -> None:
+        self.state = state
+        self.client = client
+        self.settings = settings or Settings()
+        self.metrics = metrics or ExtenderMetrics(state)
+        self.events = events or ev.EventSink(None, component=self.settings.scheduler_name or "hami-scheduler")
+        self.readiness = readiness
+
+    # ------------------------------------------------------------------------------------------
+    # filter
+
+    async def filter(self, body: bytes) -> dict[str, Any]:
+        """Answer one ExtenderArgs body with an ExtenderFilterResult dict (never raises)."""
+        t0 = time.perf_counter()
+        args: FilterArgs | None = None
+        try:
+            args = parse_filter_args(body)
+            not_ready = self.readiness()
+            if not_ready is not None:
+                self.metrics.filter_failed("not_ready")
+                result = filter_result(args, error=f"extender not ready: {not_ready}")
+            else:
+                result = await asyncio.to_thread(self._filter_sync, args)
+        except InvalidRequest as e:
+            self.metrics.filter_failed("bad_request")
+            result = filter_result(args, error=str(e))
+        except Exception:  # noqa: BLE001 - never a stack trace to the caller, never a dead server
+            log.exception("filter failed unexpectedly")
+            self.metrics.filter_failed("internal")
+            result = filter_result(args, error="internal error in the extender; see its log")
+        self.metrics.filter_latency.observe(time.perf_counter() - t0)
+        if result["Error"]:
+            self.metrics.filters.labels("error").inc()
+        return result
+
+    def _decide(self, args: FilterArgs) -> FilterOutcome:
+        pod = args.pod
+        sched = (pod.get("spec") or {}).get("schedulerName") or ""
+        want = self.settings.scheduler_name
+        if want and sched != want:
+            try:
+                asks = any(c.requests for c in self.state.pod_requests(pod))
+            except InvalidRequest:
+                asks = True
+            if not asks:
+                return FilterOutcome(no_devices=True)
+            self.metrics.filter_failed("wrong_scheduler")
+            return FilterOutcome(
+                error=f"pod {_pod_name(pod)} asks for devices but has spec.schedulerName {sched!r}; this "
+                f"extender places pods of scheduler {want!r} (let the webhook set it, or run the extender "
+                "with --scheduler-name matching the kube-scheduler profile)"
+            )
+        return self.state.filter(pod, args.names)
+
+    def _filter_sync(self, args: FilterArgs) -> dict[str, Any]:
+        pod = args.pod
+        meta = pod["metadata"]
+        outcome = self._decide(args)
+        if outcome.no_devices:
+            self.metrics.filters.labels("passthrough").inc()
+            return filter_result(args, passed=list(args.names))
+        if outcome.error:
+            if "has spec.schedulerName" not in outcome.error:
+                self.metrics.filter_failed("invalid_pod")
+            self.events.emit(pod, reason=ev.FILTERING_FAILED, message=outcome.error, warning=True)
+            return filter_result(args, error=outcome.error)
+        sent = set(args.names)
+        failed = {n: r for n, r in outcome.failed_nodes.items() if n in sent and n != outcome.node}
+        if outcome.node is None or outcome.node not in sent:
+            for n in args.names:
+                failed.setdefault(n, "no fit")
+            self.metrics.filter_failed("no_fit")
+            self.metrics.filters.labels("unschedulable").inc()
+            self.events.emit(
+                pod, reason=ev.FILTERING_FAILED, message=ev.filtering_failed_message(failed), warning=True
+            )
+            return filter_result(args, passed=[], failed=failed)
+        error = self._record(pod, outcome)
+        if error is not None:
+            self.state.release_reservation(meta["uid"])
+            self.metrics.filter_failed("patch")
+            self.events.emit(pod, reason=ev.FILTERING_FAILED, message=error, warning=True)
+            return filter_result(args, error=error)
+        for n in args.names:
+            if n != outcome.node:
+                failed.setdefault(n, f"node {outcome.node} chosen")
+        self.metrics.filters.labels("placed").inc()
+        cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
+        self.events.emit(
+            pod,
+            reason=ev.FILTERING_SUCCEED,
+            message=ev.filtering_succeed_message(outcome.node, cards, len(failed)),
+        )
+        return filter_result(args, passed=[outcome.node], failed=failed)
+
+    def _record(self, pod: dict[str, Any], outcome: FilterOutcome) -> str | None:
+        """Patch the decision onto the pod (only this incarnation: its UID). Returns an error text or None."""
+        if self.client is None:
+            return None
+        meta = pod["metadata"]
+        ns, name = meta.get("namespace") or "default", meta["name"]
+        try:
+            self.client.patch_pod_metadata(
+                ns, name, annotations=outcome.annotations, labels=outcome.labels, uid=meta["uid"]
+            )
+        except NotFound:
+            return f"pod {ns}/{name} no longer exists; its device reservation on {outcome.node} was released"
+        except Conflict:
+            return (
+                f"pod {ns}/{name} was re-created (UID changed) while being filtered; "
+                "its device reservation was released and it will be filtered again"
+            )
+        except HamiError as e:
+            return f"recording the placement on pod {ns}/{name} failed ({e}); the reservation was released"
+        return None
+
+    # ------------------------------------------------------------------------------------------
+    # bind
+
+    async def bind(self, body: bytes) -> dict[str, str]:
+        """Answer one ExtenderBindingArgs body with ``{"Error": ...}`` (never raises)."""
+        t0 = time.perf_counter()
+        args: BindArgs | None = None
+        try:
+            args = parse_bind_args(body)
+            not_ready = self.readiness()
+            if not_ready is not None:
+                raise BindFailure("not_ready", f"extender not ready: {not_ready}")
+            await asyncio.to_thread(self._bind_sync, args)
+            result = bind_result()
+            self.metrics.binds.labels("bound").inc()
+        except InvalidRequest as e:
+            self.metrics.bind_failed("bad_request")
+            result = bind_result(str(e))
+        except BindFailure as e:
+            self.metrics.bind_failed(e.reason)
+            result = bind_result(str(e))
+            if args is not None and e.reason != "not_ready":
+                self.events.emit(
+                    ev.pod_ref(args.pod_namespace, args.pod_name, args.pod_uid),
+                    reason=ev.BINDING_FAILED,
+                    message=str(e),
+                    warning=True,
+                )
+        except Exception:  # noqa: BLE001
+            log.exception("bind failed unexpectedly")
+            self.metrics.bind_failed("internal")
+            result = bind_result("internal error in the extender; see its log")
+        if result["Error"]:
+            self.metrics.binds.labels("error").inc()
+        self.metrics.bind_latency.observe(time.perf_counter() - t0)
+        return result
+
+    def _bind_sync(self, a: BindArgs) -> None:
+        ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
+        who = f"pod {ns}/{name}"
+        reserved = self.state.pod_node(uid) if uid else None
+        if reserved is not None and reserved != node:
+            raise BindFailure(
+                "no_reservation",
+                f"{who} was filtered onto node {reserved}, not {node}; it will be filtered again",
+            )
+        if reserved is None and self._already_bound(a):
+            return
+        if self.client is None:
+            return
+        try:
+            lock_node(
+                self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s
+            )
+        except NodeLockContention as e:
+            raise BindFailure("lock", f"binding {who} to {node} failed: {e}") from None
+        except NotFound:
+            self._release_reservation(uid)
+            raise BindFailure(
+                "node_gone",
+                f"binding {who} failed: node {node} no longer exists; the reservation was released",
+            ) from None
+        except HamiError as e:
+            raise BindFailure(
+                "lock", f"binding {who} failed: cannot take the lock of node {node}: {e}"
+            ) from None
+        try:
+            self.client.patch_pod_metadata(
+                ns,
+                name,
+                annotations={A.BIND_PHASE: A.BindPhase.ALLOCATING.value, A.BIND_TIME: str(int(time.time()))},
+                uid=uid or None,
+            )
+            why = self.state.node_unusable_reason(node)
+            if why is not None and why.startswith("node unregistered"):
+                # The node (or its registration) went away while we held the lock: the API server would
+                # still accept the Binding, but nothing on that node can allocate the cards.
+                self._unlock(node, ns, name)
+                self._release_reservation(uid)
+                raise BindFailure(
+                    "node_gone",
+                    f"binding {who} failed: node {node} no longer exists; the reservation was released",
+                )
+            self.client.bind_pod(ns, name, uid=uid or None, node=node)
+        except (NotFound, Conflict) as e:
+            self._unlock(node, ns, name)
+            gone = isinstance(e, NotFound) or self._pod_gone(ns, name, uid)
+            if gone:
+                self._release_reservation(uid)
+                raise BindFailure(
+                    "pod_gone",
+                    f"binding {who} to {node} failed: the pod was deleted (or re-created) after filtering; "
+                    "its reservation and the node lock were released",
+                ) from None
+            raise BindFailure(
+                "bind", f"binding {who} to {node} failed: {e}; the node lock was released"
+            ) from None
+        except HamiError as e:
+            self._unlock(node, ns, name)
+            raise BindFailure(
+                "bind", f"binding {who} to {node} failed: {e}; the node lock was released"
+            ) from None
+        self.events.emit(
+            ev.pod_ref(ns, name, uid),
+            reason=ev.BINDING_SUCCEED,
+            message=ev.binding_succeed_message(node, ns, name),
+        )
+
+    def _already_bound(self, a: BindArgs) -> bool:
+        """No reservation for this pod UID: True for a pod already bound to the node (a retried bind),
+        else BindFailure explaining why there is nothing to bind."""
+        who = f"pod {a.pod_namespace}/{a.pod_name}"
+        if self.client is None:
+            raise BindFailure("no_reservation", f"{who} has no device reservation; it will be filtered again")
+        try:
+            pod = self.client.get_pod(a.pod_namespace, a.pod_name)
+        except HamiError as e:
+            raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
+        if pod is None or (a.pod_uid and (pod.get("metadata") or {}).get("uid") != a.pod_uid):
+            raise BindFailure("pod_gone", f"binding {who} to {a.node} failed: the pod no longer exists")
+        if (pod.get("spec") or {}).get("nodeName") == a.node:
+            return True
+        raise BindFailure(
+            "no_reservation",
+            f"{who} has no device reservation on node {a.node} (reservation expired or the extender "
+            "restarted before recording it); it will be filtered again",
+        )
+
+    def _pod_gone(self, ns: str, name: str, uid: str) -> bool:
+        try:
+            pod = self.client.get_pod(ns, name)
+        except HamiError:
+            return False
+        return pod is None or bool(uid and (pod.get("metadata") or {}).get("uid") != uid)
+
+    def _release_reservation(self, uid: str) -> None:
+        if uid:
+            self.state.release_reservation(uid)
+
+    def _unlock(self, node: str, ns: str, name: str) -> None:
+        try:
+            release_node_lock(self.client, node, namespace=ns, pod_name=name)
+        except HamiError as e:
+            log.warning("node %s: lock of pod %s/%s not released: %s (it expires)", node, ns, name, e)
+
+
+def _pod_name(pod: dict[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"

@@ -1,0 +1,238 @@
+"""Feeding ClusterState from the API server for one leadership term: nodes, pods (all namespaces) and
+ResourceQuotas through `hami.kube.Reflector`, plus the periodic registration pass.
+
+Why per term: a replica that just became active must decide from what the API server says *now*
+(annotations written by the previous leader included), not from a cache it kept while standing by.
+So every term starts fresh reflectors whose first lists rebuild the state exactly from annotations,
+and the replica is ready only once all three lists were applied. A term ends by stopping the
+reflectors; a late callback of an old term is ignored (`_closed`), so it cannot touch the next term's
+state.
+
+Ordering: the three reflectors call back from three threads; one lock serialises every callback, so
+a relist of one kind (`ClusterState.rebuild` with the other kinds' cached objects) never interleaves
+with an event of another kind. Node liveness (`hami.registration.check_node`) is applied after every
+node upsert and re-judged by the periodic pass, which also writes the handshake stamps and expires
+reservations that no pod event confirmed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from hami.annotations import NODE_LOCK
+from hami.cluster import ClusterState
+from hami.errors import HamiError
+from hami.kube import KubeClient, Reflector
+from hami.registration import HANDSHAKE_TIMEOUT_S, check_node
+
+log = logging.getLogger(__name__)
+
+
+def _node_inputs(node: dict[str, Any]) -> tuple[Any, Any]:
+    """What ClusterState and the liveness check read from a Node: annotations (bar the lock), allocatable."""
+    annos = dict((node.get("metadata") or {}).get("annotations") or {})
+    annos.pop(NODE_LOCK, None)
+    return annos, (node.get("status") or {}).get("allocatable")
+
+
+class ClusterSync:
+    """One term's reflectors and registration loop over `state`.
+
+    `register_interval_s`: period of the registration pass (HAMi: 15 s; 0 disables it, and with it the
+    handshake stamps). `reservation_ttl_s`: a filter reservation no pod event confirmed within this
+    many seconds is dropped. `clock`: local wall clock for handshakes (HAMi writes local time).
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        state: ClusterState,
+        *,
+        register_interval_s: float = 15.0,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        reservation_ttl_s: float = 60.0,
+        write_handshakes: bool = True,
+        watch_timeout_s: float = 300.0,
+        clock: Callable[[], datetime] = datetime.now,
+    ) -> None:
+        self.client = client
+        self.state = state
+        self.register_interval_s = register_interval_s
+        self.handshake_timeout_s = handshake_timeout_s
+        self.reservation_ttl_s = reservation_ttl_s
+        self.write_handshakes = write_handshakes
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._closed = False
+        self._health: dict[str, str | None] = {}  # node -> last liveness verdict applied
+        self._stop = threading.Event()
+        self._loop_thread: threading.Thread | None = None
+        self.nodes = Reflector(
+            client, "nodes", on_sync=self._nodes_synced, on_add=self._node_event,
+            on_update=self._node_updated, on_delete=self._node_deleted,
+            watch_timeout_s=watch_timeout_s, name="extender-nodes",
+        )  # fmt: skip
+        self.pods = Reflector(
+            client, "pods", on_sync=self._rebuild_from_caches, on_add=self._pod_event,
+            on_update=lambda _old, new: self._pod_event(new), on_delete=self._pod_deleted,
+            watch_timeout_s=watch_timeout_s, name="extender-pods",
+        )  # fmt: skip
+        self.quotas = Reflector(
+            client, "resourcequotas", on_sync=self._rebuild_from_caches, on_add=self._quota_event,
+            on_update=lambda _old, new: self._quota_event(new), on_delete=self._quota_deleted,
+            watch_timeout_s=watch_timeout_s, name="extender-quotas",
+        )  # fmt: skip
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> ClusterSync:
+        """Start the reflectors and the registration loop (non-blocking)."""
+        for r in (self.quotas, self.nodes, self.pods):
+            r.start()
+        self._loop_thread = threading.Thread(target=self._loop, name="extender-register", daemon=True)
+        self._loop_thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End the term: later callbacks are ignored; threads are joined."""
+        with self._lock:
+            self._closed = True
+        self._stop.set()
+        for r in (self.nodes, self.pods, self.quotas):
+            r.stop()
+        if self._loop_thread is not None:
+            self._loop_thread.join(5.0)
+
+    @property
+    def synced(self) -> bool:
+        """True once nodes, pods and quotas were each listed and applied in this term."""
+        return self.nodes.synced and self.pods.synced and self.quotas.synced and not self._closed
+
+    def wait_synced(self, timeout_s: float | None = None) -> bool:
+        """Block until `synced` (False on timeout)."""
+        return all(r.wait_synced(timeout_s) for r in (self.nodes, self.pods, self.quotas))
+
+    def cached_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The reflector's copy of a pod (may lag the API server by a watch event)."""
+        return self.pods.get(name, namespace)
+
+    # -- callbacks (reflector threads) -------------------------------------------------------------
+
+    def _apply_node(self, node: dict[str, Any], reason: str | None = None, *, judged: bool = False) -> None:
+        # Called with self._lock held. `reason`: a liveness verdict already computed (`judged`).
+        name = (node.get("metadata") or {}).get("name", "")
+        if not judged:
+            reason = check_node(
+                node, self.state.vendors.values(), now=self.clock(), timeout_s=self.handshake_timeout_s
+            ).reason
+        self._health[name] = reason
+        if self.state.upsert_node(node) is not None:
+            return  # unregistered or malformed: upsert_node already says why
+        if reason is not None:
+            self.state.mark_node_unusable(name, reason)
+
+    def _rebuild_from_caches(self, _items: list[dict[str, Any]] | None = None) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            nodes = self.nodes.items()
+            self.state.rebuild(nodes, self.pods.items(), self.quotas.items())
+            for node in nodes:
+                self._apply_node(node)
+            log.info(
+                "state rebuilt from %d nodes, %d pods, %d quotas",
+                len(nodes),
+                len(self.pods.items()),
+                len(self.quotas.items()),
+            )
+
+    def _nodes_synced(self, items: list[dict[str, Any]]) -> None:
+        self._rebuild_from_caches(items)
+
+    def _node_event(self, node: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:
+                self._apply_node(node)
+
+    def _node_updated(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        # Every bind writes the node lock twice (take, release); re-parsing the registration for
+        # those would be most of the node events' cost on a busy cluster.
+        if _node_inputs(old) != _node_inputs(new):
+            self._node_event(new)
+
+    def _node_deleted(self, node: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:
+                name = (node.get("metadata") or {}).get("name", "")
+                self._health.pop(name, None)
+                self.state.remove_node(name)
+
+    def _pod_event(self, pod: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:
+                self.state.upsert_pod(pod)
+
+    def _pod_deleted(self, pod: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:
+                self.state.remove_pod((pod.get("metadata") or {}).get("uid", ""))
+
+    def _quota_event(self, quota: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:
+                self.state.upsert_quota(quota)
+
+    def _quota_deleted(self, quota: dict[str, Any]) -> None:
+        meta = quota.get("metadata") or {}
+        with self._lock:
+            if not self._closed:
+                self.state.remove_quota(meta.get("namespace", "default"), meta.get("name", ""))
+
+    # -- registration pass -------------------------------------------------------------------------
+
+    def register_pass(self) -> int:
+        """Re-judge every node's liveness, write handshake stamps, expire reservations.
+
+        Returns the number of nodes whose handshake was stamped. API errors are logged, never raised.
+        """
+        stamped = 0
+        if not self.nodes.synced:
+            return 0
+        now = self.clock()
+        for node in self.nodes.items():
+            meta = node.get("metadata") or {}
+            name = meta.get("name", "")
+            verdict = check_node(
+                node, self.state.vendors.values(), now=now, timeout_s=self.handshake_timeout_s
+            )
+            with self._lock:
+                if self._closed:
+                    return stamped
+                changed = self._health.get(name, "unseen") != verdict.reason
+                if changed:
+                    self._apply_node(node, verdict.reason, judged=True)
+            if changed and verdict.reason is not None:
+                log.warning("node %s not usable: %s", name, verdict.reason)
+            if verdict.stamps and self.write_handshakes:
+                try:
+                    self.client.patch_node_annotations(name, verdict.stamps)
+                    stamped += 1
+                except HamiError as e:
+                    log.info("node %s: handshake stamp not written: %s", name, e)
+        expired = self.state.expire_reservations(self.reservation_ttl_s)
+        if expired:
+            log.info("dropped %d unconfirmed reservations: %s", len(expired), ", ".join(expired[:10]))
+        return stamped
+
+    def _loop(self) -> None:
+        if self.register_interval_s <= 0:
+            return
+        while not self._stop.wait(self.register_interval_s):
+            try:
+                self.register_pass()
+            except Exception:  # noqa: BLE001 - the loop must survive anything
+                log.exception("registration pass failed")

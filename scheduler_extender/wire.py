@@ -1,0 +1,157 @@
+"""The kube-scheduler extender wire types (k8s.io/kube-scheduler/extender/v1), parsed and built as plain dicts.
+
+kube-scheduler marshals these structs with Go's encoding/json and the structs carry no json tags, so the
+keys it sends are the Go field names (`Pod`, `Nodes`, `NodeNames`, `PodName`, ...; k8s-protocols §1.5).
+Go decodes replies case-insensitively; we accept any casing of the top-level keys too (HAMi's docs and
+some test clients send `pod` / `nodenames`), and always answer with the exact Go names.
+
+Every parse error is an `InvalidRequest` whose message names the field and what is valid; the server
+turns it into the reply's `Error` with HTTP 200, which is what kube-scheduler expects (any other status
+is a transport error to it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hami.errors import InvalidRequest
+
+#: HAMi reads bodies through a 1 MiB limit (§2.3); bigger bodies get an `Error`, not a truncated parse.
+MAX_BODY_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class FilterArgs:
+    """A parsed ExtenderArgs.
+
+    `names`: candidate node names in the order sent, duplicates removed. `node_items`: the full Node
+    objects by name when kube-scheduler is not cache-capable (`Nodes`), else None.
+    """
+
+    pod: dict[str, Any]
+    names: list[str]
+    node_items: dict[str, dict[str, Any]] | None
+
+
+@dataclass(frozen=True, slots=True)
+class BindArgs:
+    """A parsed ExtenderBindingArgs (`PodUID` may be empty: older callers leave it out)."""
+
+    pod_name: str
+    pod_namespace: str
+    pod_uid: str
+    node: str
+
+
+def _fold(obj: Any, what: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise InvalidRequest(f"{what}: the body must be a JSON object, got {type(obj).__name__}")
+    return {str(k).lower(): v for k, v in obj.items()}
+
+
+def decode_json(body: bytes, what: str) -> dict[str, Any]:
+    """Decode a request body into a dict with lowercased top-level keys. Raises InvalidRequest."""
+    if not body.strip():
+        raise InvalidRequest(f"{what}: empty body; want a JSON object")
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"{what}: body is not valid JSON ({e})") from None
+    return _fold(obj, what)
+
+
+def parse_filter_args(body: bytes) -> FilterArgs:
+    """Parse ExtenderArgs: `Pod` plus `NodeNames` (nodeCacheCapable true) or `Nodes` (false).
+
+    Raises InvalidRequest for bad JSON, a missing `Pod`/`Pod.metadata.uid`, or no candidate nodes
+    (both lists null, missing or empty: kube-scheduler never sends that, so it is a broken caller).
+    """
+    args = decode_json(body, "ExtenderArgs")
+    pod = args.get("pod")
+    if not isinstance(pod, dict):
+        raise InvalidRequest("ExtenderArgs.Pod: missing or not an object; want the v1.Pod being scheduled")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("uid"), str) or not meta["uid"]:
+        raise InvalidRequest("ExtenderArgs.Pod.metadata.uid: missing; want the pod's UID")
+    if not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise InvalidRequest("ExtenderArgs.Pod.metadata.name: missing; want the pod's name")
+    names_raw, nodes_raw = args.get("nodenames"), args.get("nodes")
+    node_items: dict[str, dict[str, Any]] | None = None
+    if names_raw is not None:
+        if not isinstance(names_raw, list) or not all(isinstance(n, str) and n for n in names_raw):
+            raise InvalidRequest("ExtenderArgs.NodeNames: want an array of non-empty node names")
+        names = list(dict.fromkeys(names_raw))
+    elif nodes_raw is not None:
+        items = nodes_raw.get("items") if isinstance(nodes_raw, dict) else None
+        if not isinstance(items, list):
+            raise InvalidRequest('ExtenderArgs.Nodes: want a v1.NodeList {"metadata":{},"items":[...]}')
+        node_items = {}
+        for i, item in enumerate(items):
+            name = ((item or {}).get("metadata") or {}).get("name") if isinstance(item, dict) else None
+            if not isinstance(name, str) or not name:
+                raise InvalidRequest(f"ExtenderArgs.Nodes.items[{i}].metadata.name: missing")
+            node_items.setdefault(name, item)
+        names = list(node_items)
+    else:
+        raise InvalidRequest(
+            "ExtenderArgs: NodeNames and Nodes are both missing or null; send NodeNames "
+            "(nodeCacheCapable: true) or Nodes (nodeCacheCapable: false)"
+        )
+    if not names:
+        raise InvalidRequest("ExtenderArgs: the candidate node list is empty; nothing to filter")
+    return FilterArgs(pod=pod, names=names, node_items=node_items)
+
+
+def parse_bind_args(body: bytes) -> BindArgs:
+    """Parse ExtenderBindingArgs (`PodName`, `PodNamespace`, `PodUID`, `Node`). Raises InvalidRequest."""
+    args = decode_json(body, "ExtenderBindingArgs")
+    out = {}
+    for key, required in (("podname", True), ("podnamespace", True), ("poduid", False), ("node", True)):
+        value = args.get(key)
+        if value is None and not required:
+            value = ""
+        if not isinstance(value, str) or (required and not value):
+            raise InvalidRequest(
+                "ExtenderBindingArgs: PodName, PodNamespace and Node must be non-empty strings "
+                f"(PodUID a string); {key!r} is {value!r}"
+            )
+        out[key] = value
+    return BindArgs(out["podname"], out["podnamespace"], out["poduid"], out["node"])
+
+
+def filter_result(
+    args: FilterArgs | None,
+    *,
+    passed: list[str] | None = None,
+    failed: Mapping[str, str] | None = None,
+    error: str = "",
+) -> dict[str, Any]:
+    """An ExtenderFilterResult in the caller's cache mode.
+
+    Cache-capable callers (or unparseable requests) get `NodeNames`; others get `Nodes.items` holding
+    the very Node objects they sent. `passed` must be a subset of the request's nodes.
+    """
+    out: dict[str, Any] = {
+        "Nodes": None,
+        "NodeNames": None,
+        "FailedNodes": dict(failed) if failed else {},
+        "FailedAndUnresolvableNodes": None,
+        "Error": error,
+    }
+    if error:
+        out["FailedNodes"] = None
+        return out
+    passed = passed or []
+    if args is not None and args.node_items is not None:
+        out["Nodes"] = {"metadata": {}, "items": [args.node_items[n] for n in passed]}
+    else:
+        out["NodeNames"] = passed
+    return out
+
+
+def bind_result(error: str = "") -> dict[str, str]:
+    """An ExtenderBindingResult: `{"Error": ""}` on success."""
+    return {"Error": error}

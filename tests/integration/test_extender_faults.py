@@ -1,0 +1,277 @@
+"""Faults around the extender: objects vanishing between filter and bind, API errors (409, 500, timeouts)
+on each API call of the two verbs, dropped and expired watches.
+
+Each test asserts what was released (reservation, node lock) and the exact `Error` kube-scheduler sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import aiohttp
+import pytest
+
+from hami import annotations as A
+from hami.testing.apiserver import FakeApiServer
+from tests.integration.test_extender_harness import (
+    Scheduler,
+    api_server,
+    cards,
+    create_pod,
+    eventually,
+    gpu_node,
+    gpu_pod,
+    start_extender,
+    wait_ready,
+)
+
+
+@pytest.fixture
+def fake_apiserver() -> Iterator[FakeApiServer]:
+    yield from api_server()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+async def extender(fake_apiserver: FakeApiServer):
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1")))
+    fake_apiserver.store.create("nodes", gpu_node("node2", cards("n2")))
+    server = await start_extender(fake_apiserver)
+    await wait_ready(server)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def lock_of(api: FakeApiServer, node: str) -> str | None:
+    obj = api.store.get("nodes", node)
+    return None if obj is None else (obj["metadata"].get("annotations") or {}).get(A.NODE_LOCK)
+
+
+async def filtered(api: FakeApiServer, sched: Scheduler, name: str, nodes=("node1",)) -> dict:  # type: ignore[no-untyped-def]
+    pod = create_pod(api, gpu_pod(name, mem=1000, cores=10))
+    result = await sched.filter(pod, list(nodes))
+    assert result["Error"] == "" and len(Scheduler.chosen(result)) == 1, result
+    return pod
+
+
+async def test_node_disappears_between_filter_and_bind(fake_apiserver, extender, session) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = await filtered(api, sched, "p")
+    uid = pod["metadata"]["uid"]
+    assert extender.state.pod_node(uid) == "node1"
+    api.store.delete("nodes", "node1")
+    result = await sched.bind(pod, "node1")
+    assert result == {
+        "Error": "binding pod default/p failed: node node1 no longer exists; the reservation was released"
+    }
+    assert extender.state.pod_node(uid) is None or extender.state.pod_node(uid) == "node1"
+    assert api.store.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
+    await extender.events.drain()
+    reasons = [
+        e["reason"]
+        for e in api.store.list("events", namespace="default")
+        if e["involvedObject"]["name"] == "p"
+    ]
+    assert "BindingFailed" in reasons
+
+
+async def test_node_disappears_after_the_lock_was_taken(fake_apiserver, extender, session) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = await filtered(api, sched, "p")
+    # The bind-phase patch is slow; meanwhile the node object goes away. The API server would accept the
+    # Binding anyway (it does not check nodes), so the extender must notice and stop.
+    api.faults.add(verb="patch", resource="pods", name="p", status=None, delay_s=0.5)
+    bind = asyncio.ensure_future(sched.bind(pod, "node1"))
+    await eventually(lambda: lock_of(api, "node1") is not None, what="lock taken")
+    api.store.delete("nodes", "node1")
+    result = await bind
+    assert result == {
+        "Error": "binding pod default/p failed: node node1 no longer exists; the reservation was released"
+    }
+    assert extender.state.pod_node(pod["metadata"]["uid"]) is None
+    assert api.store.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
+
+
+async def test_pod_deleted_between_filter_and_bind_releases_the_reservation(
+    fake_apiserver,
+    extender,
+    session,
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = await filtered(api, sched, "gone")
+    uid = pod["metadata"]["uid"]
+    await eventually(lambda: extender.state.usage_snapshot()["node1"] != {}, what="usage")
+    api.store.delete("pods", "gone", namespace="default")
+    # Whether the watch already delivered the deletion or not, bind must end with nothing held.
+    result = await sched.bind(pod, "node1")
+    assert result["Error"] in (
+        "binding pod default/gone to node1 failed: the pod was deleted (or re-created) after filtering; its "
+        "reservation and the node lock were released",
+        "binding pod default/gone to node1 failed: the pod no longer exists",
+    ), result
+    assert extender.state.pod_node(uid) is None
+    assert lock_of(api, "node1") is None
+    await eventually(lambda: extender.state.usage_snapshot()["node1"] == {}, what="usage released")
+
+
+async def test_pod_deleted_before_bind_with_reservation_still_present(
+    fake_apiserver, extender, session
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    # Keep the pod watch from telling the extender about the deletion: the bind path must find out itself.
+    pod = await filtered(api, sched, "ghost")
+    uid = pod["metadata"]["uid"]
+    await eventually(lambda: extender.runtime.sync.cached_pod("default", "ghost") is not None, what="cached")
+    extender.runtime.sync._lock.acquire()  # the pod watch's callbacks wait: a stalled watch
+    try:
+        api.store.delete("pods", "ghost", namespace="default")
+        result = await sched.bind(pod, "node1")
+    finally:
+        extender.runtime.sync._lock.release()
+    assert result["Error"] == (
+        "binding pod default/ghost to node1 failed: the pod was deleted (or re-created) after filtering; "
+        "its reservation and the node lock were released"
+    )
+    assert extender.state.pod_node(uid) is None
+    assert lock_of(api, "node1") is None
+
+
+@pytest.mark.parametrize(
+    ("status", "times", "error"),
+    [
+        (
+            409,
+            1,
+            "pod default/p was re-created (UID changed) while being filtered; its device reservation was "
+            "released and it will be filtered again",
+        ),
+        (
+            500,
+            10,
+            "recording the placement on pod default/p failed (patch pods default/p: Internal error occurred: injected fault); the reservation was released",
+        ),
+        (500, 1, ""),  # one 5xx is retried by the client
+    ],
+)
+async def test_filter_patch_failures(fake_apiserver, extender, session, status, times, error) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    api.faults.add(verb="patch", resource="pods", status=status, times=times)
+    pod = create_pod(api, gpu_pod("p", mem=1000, cores=10))
+    result = await sched.filter(pod, ["node1"])
+    assert result["Error"] == error
+    uid = pod["metadata"]["uid"]
+    if error:
+        assert result["NodeNames"] is None
+        assert extender.state.pod_node(uid) is None
+        annos = api.store.get("pods", "p", namespace="default")["metadata"].get("annotations") or {}
+        assert A.ASSIGNED_NODE not in annos
+    else:
+        assert result["NodeNames"] == ["node1"]
+        assert extender.state.pod_node(uid) == "node1"
+    api.faults.clear()
+
+
+async def test_filter_patch_timeout_is_retried(fake_apiserver, extender, session) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    # The first attempt hangs past the client's 2 s timeout; the retry succeeds.
+    api.faults.add(verb="patch", resource="pods", hang_s=3.0, times=1)
+    pod = create_pod(api, gpu_pod("slow", mem=1000, cores=10))
+    result = await sched.filter(pod, ["node1"])
+    assert result["NodeNames"] == ["node1"] and result["Error"] == ""
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [
+        (
+            {"verb": "create", "subresource": "binding", "status": 500, "times": 10},
+            "binding pod default/p to node1 failed: bind pod default/p to node node1: Internal error occurred: "
+            "injected fault; the node lock was released",
+        ),
+        (
+            {"verb": "patch", "resource": "pods", "status": 500, "times": 10},
+            "binding pod default/p to node1 failed: patch pods default/p: Internal error occurred: injected "
+            "fault; the node lock was released",
+        ),
+        (
+            {"verb": "patch", "resource": "nodes", "status": 500, "times": 10},
+            "binding pod default/p failed: cannot take the lock of node node1: patch nodes node1: Internal "
+            "error occurred: injected fault",
+        ),
+    ],
+)
+async def test_bind_api_failures_release_the_lock_and_keep_the_reservation(
+    fake_apiserver,
+    extender,
+    session,
+    fault,
+    error,
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = await filtered(api, sched, "p")
+    api.faults.add(**fault)
+    result = await sched.bind(pod, "node1")
+    api.faults.clear()
+    assert result == {"Error": error}
+    assert lock_of(api, "node1") is None
+    # The pod still carries its allocation, so it stays counted until kube-scheduler filters it again.
+    assert extender.state.pod_node(pod["metadata"]["uid"]) == "node1"
+    assert api.store.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
+    # kube-scheduler retries: a new filter replaces the reservation and bind succeeds.
+    again = await sched.filter(api.store.get("pods", "p", namespace="default"), ["node1"])
+    assert again["NodeNames"] == ["node1"]
+    assert await sched.bind(pod, "node1") == {"Error": ""}
+
+
+async def test_binding_conflict_when_already_bound_to_the_same_node_is_success(
+    fake_apiserver,
+    extender,
+    session,
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = await filtered(api, sched, "twice")
+    assert await sched.bind(pod, "node1") == {"Error": ""}
+    # kube-scheduler timed out on our reply and retried the same bind.
+    assert await sched.bind(pod, "node1") == {"Error": ""}
+
+
+async def test_lock_contention_is_reported_with_the_holder(fake_apiserver, extender, session) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    first = await filtered(api, sched, "first")
+    second = await filtered(api, sched, "second")
+    assert await sched.bind(first, "node1") == {"Error": ""}
+    result = await sched.bind(second, "node1")
+    assert result["Error"].startswith(
+        "binding pod default/second to node1 failed: node node1 is locked by default/first since "
+    )
+    assert result["Error"].endswith("pod default/second must wait until that pod's devices are allocated")
+    assert lock_of(api, "node1").endswith(",default,first")
+
+
+async def test_dropped_and_expired_watches_are_recovered(fake_apiserver, extender, session) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    sync = extender.runtime.sync
+    lists_before = sync.nodes.list_count
+    assert api.drop_watches(abrupt=True) >= 3
+    api.store.create("nodes", gpu_node("node3", cards("n3")))
+    await eventually(lambda: "node3" in extender.state.node_names(), what="node3 after reconnect")
+    # A watch that comes back with a too-old resourceVersion relists (410) and rebuilds the state.
+    await eventually(lambda: api.open_watch_count("nodes") >= 1, what="node watch reopened")
+    api.compact()
+    api.store.delete("nodes", "node2")
+    api.drop_watches()
+    api.store.create("nodes", gpu_node("node4", cards("n4")))
+    await eventually(lambda: "node4" in extender.state.node_names(), what="node4")
+    assert "node2" not in extender.state.node_names()
+    pod = create_pod(api, gpu_pod("after", mem=1000, cores=10))
+    result = await sched.filter(pod, ["node3", "node4"])
+    assert len(result["NodeNames"]) == 1
+    assert sync.nodes.list_count >= lists_before

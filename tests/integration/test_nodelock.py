@@ -1,0 +1,246 @@
+"""The node lock protocol (``hami.io/mutex.lock``) over the in-memory API server."""
+
+# The fixtures are imported by name, so the test parameters shadow them on purpose.
+# ruff: noqa: F811
+
+from __future__ import annotations
+
+import re
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+import hami.nodelock as nodelock
+from hami.annotations import NODE_LOCK, NodeLock, decode_node_lock, encode_node_lock
+from hami.errors import NodeLockContention, NotFound
+from hami.kube import KubeClient
+from hami.nodelock import lock_node, read_node_lock, release_node_lock
+from hami.testing.apiserver import FakeApiServer
+from tests.fakes.apiserver import fake_apiserver, kube_client, kubeconfig, make_node, make_pod  # noqa: F401
+
+RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)"
+
+
+def lock_value(store, node: str = "n1") -> str | None:
+    return (store.get("nodes", node)["metadata"].get("annotations") or {}).get(NODE_LOCK)
+
+
+def seed(store, *, lock: str | None = None, owner: dict | None = None) -> None:
+    store.create("nodes", make_node("n1", annotations={NODE_LOCK: lock} if lock else {}))
+    if owner is not None:
+        store.create("pods", owner)
+
+
+def held_by(ns: str, name: str, *, ago_s: float = 10) -> str:
+    return encode_node_lock(
+        NodeLock(time=datetime.now(UTC) - timedelta(seconds=ago_s), namespace=ns, name=name)
+    )
+
+
+def test_lock_writes_hami_value_and_release_removes_it(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store)
+    lock_node(kube_client, "n1", namespace="ml", pod_name="gpu-pod")
+    value = lock_value(store)
+    assert re.fullmatch(RFC3339 + ",ml,gpu-pod", value), value
+    assert abs((datetime.now(UTC) - decode_node_lock(value).time).total_seconds()) < 5
+    assert release_node_lock(kube_client, "n1", namespace="ml", pod_name="gpu-pod") is True
+    assert lock_value(store) is None
+    assert release_node_lock(kube_client, "n1", namespace="ml", pod_name="gpu-pod") is False
+
+
+def test_release_checks_the_owner(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    seed(store, lock=held_by("ml", "owner"))
+    assert release_node_lock(kube_client, "n1", namespace="ml", pod_name="other") is False
+    assert release_node_lock(kube_client, "n1", namespace="other-ns", pod_name="owner") is False
+    assert lock_value(store).endswith(",ml,owner")
+
+
+def test_lock_is_reentrant_for_the_same_pod(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    seed(store)
+    lock_node(kube_client, "n1", namespace="ml", pod_name="p")
+    rv = store.get("nodes", "n1")["metadata"]["resourceVersion"]
+    lock_node(kube_client, "n1", namespace="ml", pod_name="p")  # e.g. a second vendor of the same pod
+    assert store.get("nodes", "n1")["metadata"]["resourceVersion"] == rv
+
+
+def test_live_owner_means_contention(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    owner = make_pod(
+        "owner", "ml", annotations={"hami.io/bind-phase": "allocating", "hami.io/vgpu-node": "n1"}
+    )
+    value = held_by("ml", "owner", ago_s=30)
+    seed(store, lock=value, owner=owner)
+    with pytest.raises(
+        NodeLockContention, match=r"node n1 is locked by ml/owner since .* \(30s ago; expires after 300s\)"
+    ):
+        lock_node(kube_client, "n1", namespace="ml", pod_name="late")
+    store.patch(
+        "pods", "owner", {"spec": {"nodeName": "n1"}}, namespace="ml"
+    )  # bound here, not yet allocated
+    with pytest.raises(NodeLockContention):
+        lock_node(kube_client, "n1", namespace="ml", pod_name="late")
+    assert lock_value(store) == value
+
+
+def test_expired_lock_is_taken_over(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    seed(store, lock=held_by("ml", "owner", ago_s=301), owner=make_pod("owner", "ml"))
+    lock_node(kube_client, "n1", namespace="ml", pod_name="next")
+    assert lock_value(store).endswith(",ml,next")
+
+
+def test_expiry_is_configurable(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    seed(store, lock=held_by("ml", "owner", ago_s=90), owner=make_pod("owner", "ml"))
+    with pytest.raises(NodeLockContention):
+        lock_node(kube_client, "n1", namespace="ml", pod_name="next")
+    lock_node(kube_client, "n1", namespace="ml", pod_name="next", expiry_s=60)
+    assert lock_value(store).endswith(",ml,next")
+
+
+def test_legacy_time_only_lock(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    fresh = encode_node_lock(NodeLock(time=datetime.now(UTC) - timedelta(seconds=5)))
+    seed(store, lock=fresh)
+    with pytest.raises(NodeLockContention, match="locked by an unknown pod \\(legacy lock\\)"):
+        lock_node(kube_client, "n1", namespace="ml", pod_name="p")
+    assert release_node_lock(kube_client, "n1", namespace="ml", pod_name="anyone") is True  # owner unknown
+    store.patch("nodes", "n1", {"metadata": {"annotations": {NODE_LOCK: "2020-01-01T00:00:00+08:00"}}})
+    lock_node(kube_client, "n1", namespace="ml", pod_name="p")
+    assert lock_value(store).endswith(",ml,p")
+
+
+@pytest.mark.parametrize(
+    ("owner", "why"),
+    [
+        (None, "owner pod gone"),
+        (make_pod("owner", "ml", phase="Succeeded"), "terminal"),
+        (make_pod("owner", "ml", phase="Failed"), "terminal"),
+        (make_pod("owner", "ml", annotations={"hami.io/bind-phase": "success"}), "past Allocate"),
+        (make_pod("owner", "ml", annotations={"hami.io/bind-phase": "failed"}), "Allocate failed"),
+        (make_pod("owner", "ml", node_name="n2"), "bound to another node"),
+        (make_pod("owner", "ml", annotations={"hami.io/vgpu-node": "n2"}), "re-filtered to another node"),
+    ],
+)
+def test_dangling_owner_is_taken_over_at_once(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient, owner: dict | None, why: str
+) -> None:
+    store = fake_apiserver.store
+    seed(store, lock=held_by("ml", "owner", ago_s=5), owner=owner)
+    lock_node(kube_client, "n1", namespace="ml", pod_name="next")
+    assert lock_value(store).endswith(",ml,next"), why
+
+
+def test_owner_being_deleted_is_dangling() -> None:
+    with FakeApiServer(graceful_pod_deletion=True) as server:
+        client = KubeClient.from_kubeconfig(server.kubeconfig_path, retry_initial_wait_s=0.01)
+        seed(server.store, lock=held_by("ml", "owner"), owner=make_pod("owner", "ml", node_name="n1"))
+        client.delete_pod("ml", "owner")  # graceful: stays with a deletionTimestamp
+        assert server.store.get("pods", "owner", namespace="ml")["metadata"]["deletionTimestamp"]
+        lock_node(client, "n1", namespace="ml", pod_name="next")
+        assert lock_value(server.store).endswith(",ml,next")
+
+
+def test_malformed_lock_is_taken_over(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    store = fake_apiserver.store
+    seed(store, lock="garbage,with-two")
+    lock_node(kube_client, "n1", namespace="ml", pod_name="p")
+    assert lock_value(store).endswith(",ml,p")
+
+
+def test_missing_node_is_not_found(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
+    with pytest.raises(NotFound, match="node ghost not found; cannot take its lock for pod ml/p"):
+        lock_node(kube_client, "ghost", namespace="ml", pod_name="p")
+    assert release_node_lock(kube_client, "ghost", namespace="ml", pod_name="p") is False
+
+
+def test_injected_conflicts_and_errors_are_retried(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store)
+    conflicts = fake_apiserver.faults.add(verb="patch", resource="nodes", status=409, times=2)
+    errors = fake_apiserver.faults.add(verb="get", resource="nodes", status=500, times=1)
+    lock_node(kube_client, "n1", namespace="ml", pod_name="p")
+    assert (conflicts.hits, errors.hits) == (2, 1)
+    assert lock_value(store).endswith(",ml,p")
+    conflicts = fake_apiserver.faults.add(verb="patch", resource="nodes", status=409, times=1)
+    assert release_node_lock(kube_client, "n1", namespace="ml", pod_name="p") is True
+    assert conflicts.hits == 1 and lock_value(store) is None
+
+
+class RacingClient:
+    """A client through which another scheduler takes the lock right after our GET (cross-process race)."""
+
+    def __init__(self, inner: KubeClient, store) -> None:
+        self.inner = inner
+        self.store = store
+        self.raced = False
+
+    def get_node(self, name: str):
+        node = self.inner.get_node(name)
+        if not self.raced:
+            self.raced = True
+            self.store.create("pods", make_pod("rival", "ml"))
+            self.store.patch(
+                "nodes", name, {"metadata": {"annotations": {NODE_LOCK: held_by("ml", "rival", ago_s=0)}}}
+            )
+        return node
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def test_race_with_another_process_is_decided_by_resource_version(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store)
+    with pytest.raises(NodeLockContention, match="locked by ml/rival"):
+        lock_node(RacingClient(kube_client, store), "n1", namespace="ml", pod_name="p")
+    assert lock_value(store).endswith(",ml,rival")
+
+
+def test_concurrent_lockers_exactly_one_wins(
+    fake_apiserver: FakeApiServer, kubeconfig: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without the in-process mutex, as if every locker were a separate scheduler process.
+    monkeypatch.setattr(nodelock, "_node_mutex", lambda node: threading.Lock())
+    store = fake_apiserver.store
+    seed(store)
+    for i in range(6):
+        store.create("pods", make_pod(f"p{i}", "ml"))
+    barrier = threading.Barrier(6)
+    results: dict[str, str] = {}
+
+    def contend(i: int) -> None:
+        client = KubeClient.from_kubeconfig(kubeconfig, retry_initial_wait_s=0.01)
+        barrier.wait()
+        try:
+            lock_node(client, "n1", namespace="ml", pod_name=f"p{i}")
+            results[f"p{i}"] = "won"
+        except NodeLockContention:
+            results[f"p{i}"] = "contention"
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    winners = [p for p, r in results.items() if r == "won"]
+    assert len(results) == 6 and len(winners) == 1
+    assert lock_value(store).endswith(f",ml,{winners[0]}")
+
+
+def test_read_node_lock_decodes_the_annotation() -> None:
+    node = make_node("n1", annotations={NODE_LOCK: "2024-05-10T16:15:30+08:00,default,gpu-pod"})
+    lock = read_node_lock(node)
+    assert (lock.namespace, lock.name) == ("default", "gpu-pod")
+    assert lock.time == datetime(2024, 5, 10, 8, 15, 30, tzinfo=UTC)
+    assert read_node_lock(make_node("n2")) is None

@@ -1,0 +1,205 @@
+"""`hami simulate` end to end: the console command, its outputs, and its one-line errors (exit status 2).
+
+Tests on the real Alibaba trace run only when ../shared/data/alibaba-gpu-v2023 is present, and replay a
+small arrival so they stay fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from hami.cli import build_parser, main
+from hami.simulate.command import run_simulate
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
+NODES_CSV = TRACE / "openb_node_list_gpu_node.csv"
+SMALL = ["--generate", "16,200", "--no-progress"]
+
+
+def hami(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hami.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def test_default_run_prints_the_summary():
+    p = hami("simulate", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "hami simulate - fill mode: pods drawn with seed 0 until arrived GPU demand reached 130%"
+    assert lines[1].startswith("cluster: 200 nodes, ")
+    assert lines[2] == "workload: 3000 pods from built-in generator (seed 0, 3000 pods)"
+    assert lines[6].split()[0] == "binpack/spread"
+    assert p.stderr == ""  # no progress bar when stderr is not a terminal
+
+
+def test_json_has_the_documented_fields():
+    p = hami("simulate", *SMALL, "--policy", "spread", "--json")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    for key in (
+        "policy", "mode", "nodes", "gpus", "pods", "scheduled", "failed", "gpu_allocation_ratio",
+        "memory_allocation_ratio", "first_failure_arrival", "elapsed_s", "allocation_at_arrival",
+    ):  # fmt: skip
+        assert key in j, key
+    assert (j["policy"], j["node_policy"], j["card_policy"], j["mode"], j["nodes"]) == ("spread", "spread", "spread", "fill", 16)
+    assert j["scheduled"] + j["failed"] == j["pods"]
+    assert [c["arrival"] for c in j["allocation_at_arrival"]][-1] == 130.0
+
+
+def test_compare_json_placements_and_report(tmp_path):
+    out = tmp_path / "p.csv"
+    rep = tmp_path / "rep"
+    p = hami(
+        "simulate", *SMALL, "--compare", "binpack,spread,binpack/numa+binpack", "--json",
+        "--placements", str(out), "--report", str(rep),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert list(j) == ["binpack", "spread", "binpack/numa+binpack"]
+    assert j["binpack/numa+binpack"]["card_policy"] == "numa,binpack"
+    assert len({j[k]["pods"] for k in j}) == 1  # same stream for every policy
+    rows = list(csv.DictReader(out.open()))
+    assert {r["policy"] for r in rows} == set(j)
+    assert sum(1 for r in rows if r["policy"] == "spread" and r["reason"]) == j["spread"]["failed"]
+    assert sorted(x.name for x in rep.iterdir()) == ["allocation_vs_arrival.png", "model_utilisation.png", "summary.json"]
+    assert json.loads((rep / "summary.json").read_text()) == j
+
+
+def test_node_and_card_policy_flags():
+    args = build_parser().parse_args(["simulate", *SMALL, "--node-policy", "spread", "--card-policy", "numa,binpack"])
+    out = io.StringIO()
+    args.json = True
+    assert run_simulate(args, stdout=out, stderr=io.StringIO()) == 0
+    j = json.loads(out.getvalue())
+    assert (j["policy"], j["node_policy"], j["card_policy"]) == ("spread/numa+binpack", "spread", "numa,binpack")
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal():
+    args = build_parser().parse_args(["simulate", "--generate", "16,200", "--policy", "binpack"])
+    err = FakeTTY()
+    assert run_simulate(args, stdout=io.StringIO(), stderr=err) == 0
+    assert "\rbinpack            [" in err.getvalue() and "100.0%" in err.getvalue()
+
+
+def test_yaml_input(tmp_path):
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(
+        "kind: Node\nmetadata:\n  name: g1\n  annotations:\n    hami.io/node-nvidia-register: "
+        '\'[{"id":"GPU-1","count":4,"devmem":16384,"devcore":100,"type":"NVIDIA-T4","health":true}]\'\n'
+        "status: {allocatable: {cpu: '8', memory: 32Gi}}\n"
+    )
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(
+        "kind: Pod\nmetadata: {name: a, creationTimestamp: '2024-01-01T00:00:00Z'}\n"
+        "spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, "
+        "nvidia.com/gpucores: 25}}}]}\n"
+    )
+    out = tmp_path / "p.csv"
+    p = hami("simulate", "--nodes", str(nodes), "--pods", str(pods), "--mode", "trace", "--json", "--placements", str(out))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["scheduled"] == 1
+    assert list(csv.reader(out.open()))[1] == ["a", "c", "g1", "GPU-1", "NVIDIA-T4", "4096", "25", "", "binpack/spread"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policy", "fastest"], "hami: error: policy 'fastest' is not a policy; valid: binpack, spread, numa"),
+        (["--compare", "binpack", "--policy", "spread"], "hami: error: --compare: give the policies in the list"),
+        (["--arrival", "0"], "hami: error: --arrival: 0 must be a percent > 0 (e.g. 130)"),
+        (["--mode", "replay"], "hami simulate: argument --mode: invalid choice: 'replay'"),
+        (["--seed", "x"], "hami simulate: argument --seed: invalid int value: 'x'"),
+        (["--nodes", "/nonexistent/n.csv"], "hami: error: /nonexistent/n.csv: cannot read: No such file or directory"),
+        (["--gpu-models", "T4"], "hami: error: --gpu-models: 'T4' must be MODEL=MiB"),
+        (["--generate", "0,5"], "hami: error: --generate: '0,5' must be NODES,PODS"),
+        (["--placements", "/nonexistent/dir/p.csv"], "hami: error: --placements: directory /nonexistent/dir does not exist"),
+    ],
+)
+def test_errors_are_one_line_and_exit_2(args, message, capsys):
+    assert main(["simulate", "--no-progress", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(message), err
+    assert "Traceback" not in err
+
+
+def test_malformed_row_error_from_the_console_script(tmp_path):
+    bad = tmp_path / "pods.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1000,1,500\nb,1000,lots,1,500\n")
+    p = hami("simulate", "--pods", str(bad), "--generate", "4,10")
+    assert p.returncode == 2
+    assert p.stderr == f"hami: error: {bad}:3: column 3 (memory_mib): 'lots' is not an integer\n"
+    assert p.stdout == ""
+    p = hami("simulate", "--pods", str(bad.parent / "pods2.csv"), "--mode", "trace", "--generate", "4,10")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1
+
+
+def test_trace_mode_without_times_is_an_error(tmp_path):
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1000,1,500\n")
+    p = hami("simulate", "--pods", str(pods), "--mode", "trace", "--generate", "4,10")
+    assert p.returncode == 2
+    assert p.stderr.startswith("hami: error: --mode trace needs a creation time for every pod; 1 pods have none (first: a)")
+
+
+def test_no_subcommand_prints_help_and_exits_2(capsys):
+    assert main([]) == 2
+    assert "simulate" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# The real trace (skipped when ../shared/data is absent)
+
+needs_trace = pytest.mark.skipif(not NODES_CSV.exists(), reason="Alibaba openb trace not present")
+
+
+@needs_trace
+def test_openb_trace_placements_respect_every_card_limit(tmp_path):
+    out = tmp_path / "p.csv"
+    pods = TRACE / "openb_pod_list_gpuspec20.csv"
+    p = hami(
+        "simulate", "--nodes", str(NODES_CSV), "--pods", str(pods), "--mode", "fill", "--arrival", "8",
+        "--policy", "binpack", "--json", "--placements", str(out),
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert (j["nodes"], j["gpus"]) == (1213, 6212)
+    spec = {}
+    with pods.open() as f:
+        for row in csv.DictReader(f):
+            spec[row["name"]] = [m for m in row["gpu_spec"].split("|") if m]
+    mem = {"P100": 16384, "T4": 15360, "V100M16": 16384, "V100M32": 32768, "A10": 24576, "G2": 32768, "G3": 81920}
+    used = defaultdict(lambda: [0, 0, 0])
+    per_container = defaultdict(list)
+    constrained = 0
+    for r in csv.DictReader(out.open()):
+        if not r["card_uuid"]:
+            continue
+        u = used[(r["card_uuid"], r["card_model"])]
+        u[0] += 1
+        u[1] += int(r["mem_mib"])
+        u[2] += int(r["cores"])
+        per_container[(r["pod"], r["container"])].append(r["card_uuid"])
+        allowed = spec["-".join(r["pod"].split("-")[:3])]
+        if allowed:
+            constrained += 1
+            assert r["card_model"].removeprefix("NVIDIA-") in allowed, r
+    assert constrained > 0
+    for (_, model), (slots, m, cores) in used.items():
+        assert slots <= 10 and m <= mem[model.removeprefix("NVIDIA-")] and cores <= 100
+    assert all(len(v) == len(set(v)) for v in per_container.values())
+    assert any(len(v) > 1 for v in per_container.values())

@@ -1,0 +1,112 @@
+"""CPU harness for libvgpu: build the library, the fake driver/NVML and the test program once
+per session, then run the program under LD_PRELOAD against the fakes.
+
+Why a scriptable client (libvgpu/tests/t_cli.c) instead of one C program per case: the cases
+differ only in the sequence of driver calls and the environment, so each test states both in
+one line and asserts on the exact result codes and numbers the program prints.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LIBVGPU = REPO / "libvgpu"
+BUILD = LIBVGPU / "build"
+MIB = 1 << 20
+
+# CUresult numbers the tests assert on (cuda.h).
+CUDA_SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_NOT_FOUND = 500
+
+
+@dataclass
+class Result:
+    """One run of t_cli: `lines` are the per-operation output lines split into fields."""
+
+    returncode: int
+    lines: list[list[str]]
+    stderr: str
+
+    def op(self, index: int) -> list[str]:
+        """Fields of the index-th output line (0-based)."""
+        return self.lines[index]
+
+    def codes(self, name: str) -> list[int]:
+        """CUresult codes of every line of operation `name`, in order."""
+        return [int(f[1]) for f in self.lines if f[0] == name]
+
+    def error_lines(self) -> list[str]:
+        return [ln for ln in self.stderr.splitlines() if "ERROR" in ln]
+
+
+@pytest.fixture(scope="session")
+def built() -> Path:
+    """Builds libvgpu.so, the fakes and t_cli (make -C libvgpu test-bins); returns BUILD."""
+    if not shutil.which(os.environ.get("CC", "gcc")) and not shutil.which("cc"):
+        pytest.skip("no C compiler")
+    subprocess.run(
+        ["make", "-s", "-C", str(LIBVGPU), "test-bins"], check=True, capture_output=True, text=True
+    )
+    return BUILD
+
+
+class Cli:
+    """Runs t_cli with a fresh cache file and fake GPU state per test (tmp_path)."""
+
+    def __init__(self, build: Path, tmp: Path):
+        self.build = build
+        self.tmp = tmp
+        self.cache = tmp / "vgpu.cache"
+        self.state = tmp / "fakegpu.state"
+
+    def env(self, extra: dict[str, str] | None = None, *, preload: bool = True) -> dict[str, str]:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CUDA_", "FAKE_", "LIBVGPU_", "GPU_CORE"))
+        }
+        env.update(
+            LD_LIBRARY_PATH=str(self.build / "fake"),
+            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(self.cache),
+            FAKE_GPU_STATE=str(self.state),
+            LIBCUDA_LOG_LEVEL="2",
+        )
+        if preload:
+            env["LD_PRELOAD"] = str(self.build / "libvgpu.so")
+        env.update(extra or {})
+        return env
+
+    def popen(self, *ops: str, env: dict[str, str] | None = None, preload: bool = True) -> subprocess.Popen:
+        return subprocess.Popen(
+            [str(self.build / "tests" / "t_cli"), *ops],
+            env=self.env(env, preload=preload),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(
+        self, *ops: str, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 20
+    ) -> Result:
+        p = self.popen(*ops, env=env, preload=preload)
+        out, err = p.communicate(timeout=timeout)
+        return parse(p.returncode, out, err)
+
+
+def parse(returncode: int, out: str, err: str) -> Result:
+    return Result(returncode, [ln.split() for ln in out.splitlines() if ln.strip()], err)
+
+
+@pytest.fixture
+def cli(built: Path, tmp_path: Path) -> Cli:
+    return Cli(built, tmp_path)

@@ -1,0 +1,240 @@
+"""hami.simulate.engine: replays through the real ClusterState, on small hand-built and generated inputs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from hami.config import DeviceConfig
+from hami.errors import InvalidRequest
+from hami.simulate.engine import (
+    Mode,
+    Policy,
+    card_allocation,
+    parse_policy,
+    run,
+    summarise_failure,
+)
+from hami.simulate.generate import generate_default
+from hami.simulate.workload import DEFAULT_GPU_MODELS, Workload, gpu_node, openb_pod
+
+CFG = DeviceConfig()
+BINPACK = Policy("binpack", "binpack")
+SPREAD = Policy("spread", "spread")
+
+
+def node(name, gpus=1, model="T4", cpu=64000, mem=262144):
+    return gpu_node(
+        name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, model=model, card_mib=DEFAULT_GPU_MODELS.get(model, 0), config=CFG
+    )
+
+
+def pod(name, num_gpu=1, milli=500, cpu=1000, mem=1024, spec=(), created=None, deleted=None):
+    return openb_pod(
+        name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        num_gpu=num_gpu,
+        gpu_milli=milli,
+        gpu_spec=list(spec),
+        config=CFG,
+        gpu_models=DEFAULT_GPU_MODELS,
+        creation_time=created,
+        deletion_time=deleted,
+    )
+
+
+def test_fill_stops_at_the_arrival_target_and_reports_the_first_failure():
+    w = Workload([node("n1")], [pod("half")])
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=130, placements=True)
+    # 0.5 + 0.5 fit on the one T4; the third half-card pod (arrived 1.5 cards = 150 %) does not.
+    assert (r.pods, r.gpu_pods, r.scheduled, r.failed, r.failed_gpu_pods) == (3, 3, 2, 1, 1)
+    assert r.first_failure_arrival == pytest.approx(150.0)
+    assert r.arrived_gpu_demand == pytest.approx(150.0)
+    assert (r.gpu_allocation_ratio, r.memory_allocation_ratio) == (1.0, 1.0)
+    assert [(c.arrival, c.gpu_allocation_ratio) for c in r.checkpoints] == [
+        (10.0, 0.5), (20.0, 0.5), (30.0, 0.5), (40.0, 0.5), (50.0, 0.5),
+        (60.0, 1.0), (70.0, 1.0), (80.0, 1.0), (90.0, 1.0), (100.0, 1.0),
+        (110.0, 1.0), (120.0, 1.0), (130.0, 1.0),
+    ]  # fmt: skip
+    assert [(p.pod, p.node, p.card_uuid, p.card_model, p.mem_mib, p.cores, p.reason) for p in r.placements] == [
+        ("half", "n1", "GPU-n1-0", "NVIDIA-T4", 7680, 50, ""),
+        ("half-2", "n1", "GPU-n1-0", "NVIDIA-T4", 7680, 50, ""),
+        ("half-3", "", "", "", None, None, "0/1 nodes fit: 1 CardInsufficientMemory"),
+    ]
+    assert r.failure_reasons == {"CardInsufficientMemory": 1}
+    assert len(r.decision_s) == 3
+
+
+def test_fill_binpack_and_spread_use_cards_differently():
+    w = Workload([node("a", gpus=2), node("b", gpus=2)], [pod("q", milli=250)])
+    by = {}
+    for pol in (BINPACK, SPREAD):
+        r = run(w, config=CFG, policy=pol, mode=Mode.FILL, arrival=25, placements=True)
+        by[pol.label] = [(p.node, p.card_uuid) for p in r.placements]
+    # 4 cards, 25 % arrival = 1 card = four quarter-card pods.
+    assert by["binpack"] == [("a", "GPU-a-0")] * 4
+    assert by["spread"] == [("a", "GPU-a-0"), ("b", "GPU-b-0"), ("a", "GPU-a-1"), ("b", "GPU-b-1")]
+
+
+def test_same_seed_same_pod_stream_for_every_policy():
+    w = generate_default(config=CFG, seed=1, nodes=20, pods=200)
+    a = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=60, seed=7, placements=True)
+    b = run(w, config=CFG, policy=SPREAD, mode=Mode.FILL, arrival=60, seed=7, placements=True)
+    assert [p.pod for p in a.placements] == [p.pod for p in b.placements]
+    c = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=60, seed=8, placements=True)
+    assert [p.pod for p in c.placements] != [p.pod for p in a.placements]
+
+
+def test_unknown_model_pod_fails_with_its_reason_without_reaching_the_filter():
+    w = Workload([node("n1", gpus=4)], [pod("x", spec=["H100"], created=0, deleted=5), pod("ok", created=1, deleted=6)])
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE, placements=True)
+    assert (r.scheduled, r.failed, r.failed_gpu_pods) == (1, 1, 1)
+    assert r.placements[0].reason.startswith("unknown GPU model H100 in gpu_spec (known: A10, G2")
+    assert r.failure_reasons == {"unknown GPU model H100": 1}
+    assert len(r.decision_s) == 1
+    assert r.first_failure_arrival == pytest.approx(0.5 / 4 * 100)
+
+
+def test_gpu_spec_restricts_the_model_through_use_gputype():
+    w = Workload(
+        [node("t4", gpus=2, model="T4"), node("v", gpus=2, model="V100M32")],
+        [pod("want-v", milli=1000, spec=["V100M16", "V100M32"])],
+    )
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=75, placements=True)
+    # Three whole-card pods asking V100: two fit on the V100 node, the third cannot use the T4s.
+    assert [(p.node, p.card_model) for p in r.placements[:2]] == [("v", "NVIDIA-V100M32")] * 2
+    # The V100 cards are full, the T4s are the wrong model.
+    assert r.placements[2].reason == "0/2 nodes fit: 1 CardInsufficientMemory; 1 CardTypeMismatch"
+    assert r.failure_reasons == {"CardInsufficientMemory": 1}
+
+
+def test_cpu_memory_fit_comes_first_and_cpu_only_pods_take_no_card():
+    w = Workload(
+        [node("small", cpu=2000, mem=4096), node("big", cpu=8000, mem=4096)],
+        [
+            pod("cpu-only", num_gpu=0, milli=0, cpu=3000, mem=1024, created=0),
+            pod("gpu", cpu=4000, created=1),
+            pod("huge", cpu=9000, created=2),
+        ],
+    )
+    r = run(w, config=CFG, policy=SPREAD, mode=Mode.TRACE, placements=True)
+    rows = [(p.pod, p.node, p.card_uuid, p.reason) for p in r.placements]
+    assert rows == [
+        ("cpu-only", "big", "", ""),
+        ("gpu", "big", "GPU-big-0", ""),
+        ("huge", "", "", "0/2 nodes are available: 2 Insufficient cpu"),
+    ]
+    assert (r.gpu_pods, r.pods, r.failure_reasons) == (2, 3, {"Insufficient cpu/memory": 1})
+
+
+def test_trace_deletion_frees_the_card_through_the_core():
+    w = Workload(
+        [node("n1")],
+        [
+            pod("first", milli=1000, created=0, deleted=10),
+            pod("blocked", milli=1000, created=5, deleted=20),
+            pod("after", milli=1000, created=10, deleted=30),  # arrives the second `first` leaves
+            pod("instant", milli=500, created=40, deleted=40),
+        ],
+    )
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE, placements=True)
+    assert [(p.pod, p.node) for p in r.placements] == [("first", "n1"), ("blocked", ""), ("after", "n1"), ("instant", "n1")]
+    assert (r.scheduled, r.failed, r.deleted) == (3, 1, 3)
+    assert (r.peak_gpu_allocation_ratio, r.peak_time) == (1.0, 0.0)
+    assert (r.gpu_allocation_ratio, r.memory_allocation_ratio) == (0.0, 0.0)
+    assert r.state.usage_snapshot() == {"n1": {}}
+    assert r.first_failure_arrival == pytest.approx(200.0)
+
+
+def test_trace_mode_needs_creation_times():
+    w = Workload([node("n1")], [pod("a")])
+    with pytest.raises(InvalidRequest, match=r"--mode trace needs a creation time for every pod; 1 pods have none"):
+        run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE)
+    with pytest.raises(InvalidRequest, match="no GPU"):
+        run(Workload([node("c", gpus=0)], [pod("a")]), config=CFG, policy=BINPACK)
+    with pytest.raises(InvalidRequest, match="at least one GPU pod"):
+        run(Workload([node("n1")], [pod("c", num_gpu=0, milli=0)]), config=CFG, policy=BINPACK)
+
+
+@pytest.mark.parametrize("mode", [Mode.FILL, Mode.TRACE])
+@pytest.mark.parametrize("policy", [BINPACK, SPREAD, Policy("binpack", "numa,binpack"), Policy("spread", "mutex")])
+def test_generated_replay_never_overcommits_and_matches_the_core_view(mode, policy):
+    w = generate_default(config=CFG, seed=2, nodes=24, pods=400)
+    r = run(w, config=CFG, policy=policy, mode=mode, arrival=120, seed=2, placements=True)
+    cards = {c.uuid: c for n in w.nodes for c in n.cards}
+    spec = {p.name: p.obj["metadata"]["annotations"].get("nvidia.com/use-gputype") for p in w.pods}
+    if mode is Mode.FILL:
+        used = defaultdict(lambda: [0, 0, 0])
+        per_container = defaultdict(list)
+        for p in r.placements:
+            if not p.card_uuid:
+                continue
+            u = used[p.card_uuid]
+            u[0] += 1
+            u[1] += p.mem_mib
+            u[2] += p.cores
+            per_container[(p.pod, p.container)].append(p.card_uuid)
+            allowed = spec[p.pod.rsplit("-", 1)[0] if p.pod.count("-") > 2 else p.pod]
+            if allowed:
+                assert any(m in p.card_model for m in allowed.split(",")), (p, allowed)
+        for uuid, (slots, mem, cores) in used.items():
+            c = cards[uuid]
+            assert slots <= c.count and mem <= c.devmem and cores <= c.devcore, uuid
+        for uuids in per_container.values():
+            assert len(uuids) == len(set(uuids))
+        assert r.scheduled + r.failed == r.pods > 0
+        assert r.checkpoints[-1].arrival == 120.0
+    g, m, per_model = card_allocation(r.state)
+    assert (r.gpu_allocation_ratio, r.memory_allocation_ratio) == pytest.approx((g, m))
+    assert r.per_model == per_model
+
+
+def test_compare_yields_different_packing_on_the_same_stream():
+    w = generate_default(config=CFG, seed=0, nodes=30, pods=500)
+    rb = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=130)
+    rs = run(w, config=CFG, policy=SPREAD, mode=Mode.FILL, arrival=130)
+    assert rb.pods == rs.pods and rb.gpu_pods == rs.gpu_pods
+    assert rb.arrived_gpu_demand == rs.arrived_gpu_demand >= 130
+    assert rb.first_failure_arrival is not None and rs.first_failure_arrival is not None
+
+
+def test_parse_policy():
+    assert parse_policy("binpack") == Policy("binpack", "binpack")
+    assert parse_policy(" Spread ") == Policy("spread", "spread")
+    assert parse_policy("numa") == Policy("binpack", "numa")
+    assert parse_policy("topology-aware", default_node="spread") == Policy("spread", "topology-aware")
+    assert parse_policy("spread/numa+binpack") == Policy("spread", "numa,binpack")
+    assert parse_policy("binpack/spread").label == "binpack/spread"
+    assert parse_policy("spread/numa+binpack").label == "spread/numa+binpack"
+    assert parse_policy("spread").label == "spread"
+    for bad in ("fastest", "numa/binpack", "binpack/", "binpack/fast"):
+        with pytest.raises(InvalidRequest, match=f"policy '{bad}' is not a policy; valid: binpack, spread, numa"):
+            parse_policy(bad)
+
+
+def test_summarise_failure():
+    text, category = summarise_failure(
+        {
+            "a": "1/8 CardInsufficientMemory, 7/8 CardTimeSlicingExhausted",
+            "b": "2/2 CardInsufficientMemory",
+            "c": "2/2 CardInsufficientMemory",
+            "d": "NodeInsufficientDevice: no NVIDIA device",
+            "e": "node unregistered: no device registration annotation",
+        }
+    )
+    assert text == (
+        "0/5 nodes fit: 2 CardInsufficientMemory; 1 CardInsufficientMemory, CardTimeSlicingExhausted; "
+        "1 NodeInsufficientDevice; 1 other"
+    )
+    assert category == "CardInsufficientMemory"
+
+
+def test_fractional_pod_holds_its_share_in_the_core():
+    w = Workload([node("n1", gpus=2)], [pod("p", milli=320)])
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=10)
+    assert r.scheduled == 1
+    snap = r.state.usage_snapshot()
+    # 32 % of a T4's 15360 MiB, 32 % of its cores, one slot.
+    assert snap == {"n1": {"GPU-n1-0": (1, 4915, 32)}}
