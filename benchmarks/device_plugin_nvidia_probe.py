@@ -7,7 +7,7 @@ a subprocess (the production entry point), then prints
 - the registration annotation ``hami.io/node-nvidia-register`` (UUID, memory MiB, model, NUMA per card)
   and the handshake,
 - what kubelet saw on ListAndWatch (virtual device count, health, topology),
-- one Allocate for a pod prepared as the extender would (1 card, 1000 MiB, 10 %), with env and mounts,
+- one Allocate for a pod prepared as the extender would (1 card, --mem MiB, --cores %), with env and mounts,
 - timings: plugin start -> registered with kubelet, -> annotation written, Allocate round trip.
 
 Usage: ``python benchmarks/device_plugin_nvidia_probe.py [--backend nvidia|fake] [--fake-config F]``.
@@ -91,7 +91,7 @@ async def probe(args: argparse.Namespace) -> int:
             print(f"\nListAndWatch: {len(ep.devices)} virtual devices, health {health}, NUMA topology {topo}")
 
             card = ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER])[0]
-            entry = [ContainerDevice(uuid=card.uuid, type="NVIDIA", usedmem=1000, usedcores=10)]
+            entry = [ContainerDevice(uuid=card.uuid, type="NVIDIA", usedmem=args.mem, usedcores=args.cores)]
             value = ann.encode_pod_devices([entry])
             pod = api.store.create(
                 "pods",
@@ -121,6 +121,8 @@ async def probe(args: argparse.Namespace) -> int:
             for m in resp.mounts:
                 print(f"  mount {m.host_path} -> {m.container_path} ({'ro' if m.read_only else 'rw'})")
             after = ann.pod_annotations(api.store.get("pods", "probe-pod", namespace="default"))
+            if args.env_out:
+                Path(args.env_out).write_text(json.dumps(dict(resp.envs), indent=2, sort_keys=True))
             print(
                 f"  pod after: to-allocate={after[ann.NVIDIA_TO_ALLOCATE]!r} bind-phase={after[ann.BIND_PHASE]}"
             )
@@ -139,6 +141,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="nvidia", choices=("nvidia", "fake"))
     parser.add_argument("--fake-config", help="CARDS.yaml for --backend fake (a dry run without a GPU)")
+    parser.add_argument("--mem", type=int, default=1000, help="MiB the prepared pod gets on the card")
+    parser.add_argument("--cores", type=int, default=10, help="percent of SMs the prepared pod gets")
+    parser.add_argument("--env-out", help="write the Allocate response's env as JSON to this file")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
     return asyncio.run(probe(args))
