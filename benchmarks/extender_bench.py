@@ -119,6 +119,8 @@ def start_extender(kubeconfig: str, port: int, profile: str | None, extra: list[
             f"finally:\n    yappi.stop(); yappi.get_func_stats().save({profile!r}, type='pstat')"
         )
         cmd += ["-c", code]
+    elif os.environ.get("EXTENDER_BENCH_ENTRY"):
+        cmd += [os.environ["EXTENDER_BENCH_ENTRY"]]  # an experimental entry script (see docs)
     else:
         cmd += ["-m", "scheduler_extender"]
     cmd += [ "--kubeconfig", kubeconfig, "--address", "127.0.0.1", "--port", str(port),
@@ -187,11 +189,8 @@ class Driver:
                 if record:
                     self.bind_ms.append(ms)
                 if result["Error"]:
-                    key = (
-                        result["Error"].split(":")[1].strip()[:40]
-                        if ":" in result["Error"]
-                        else result["Error"]
-                    )
+                    err = result["Error"]
+                    key = "node lock held by a pod being allocated" if "is locked by" in err else err[:80]
                     self.bind_errors[key] = self.bind_errors.get(key, 0) + 1
                     if tries < 5:
                         fresh = self.api.store.get("pods", meta["name"], namespace=meta["namespace"])
@@ -289,7 +288,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 print(f"bind latency ms:   p50 {pct(b, 50):.2f}  p90 {pct(b, 90):.2f}  p99 {pct(b, 99):.2f}  "
                       f"max {max(b):.2f}  (n={len(b)})")  # fmt: skip
             print(f"filter+bind: {driver.bound} pods bound in {elapsed:.2f}s = {driver.bound / elapsed:.0f}/s; "
-                  f"{driver.unschedulable} unschedulable; bind retries {driver.bind_errors or 0}; "
+                  f"{driver.unschedulable} unschedulable; failed binds (pod re-queued) {driver.bind_errors or 0}; "
                   f"filter errors {len(driver.errors)}")  # fmt: skip
             print(f"extender CPU: {cpu:.2f}s = {1000 * cpu / max(1, len(f)):.2f} ms per filter+bind")
             if driver.errors:

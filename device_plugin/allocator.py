@@ -9,8 +9,10 @@ D01, W05); here every doubt is a refusal with a message naming pod, container an
 - the lock must exist, name a pod, and that pod must exist (a vanished owner's lock is released);
 - the pod must be bound to this node (``spec.nodeName`` and ``hami.io/vgpu-node``), scheduled by our
   scheduler name, in bind-phase ``allocating`` with a ``hami.io/bind-time``;
-- ``hami.io/vgpu-devices-to-allocate`` must have one entry per container (init first); the next
-  non-empty entry is this container's; kubelet's device count must equal its recorded cards, the
+- ``hami.io/vgpu-devices-to-allocate`` must have one entry per container (init first), every container
+  that limits the resource must have cards recorded (open, or already served as shown by
+  ``hami.io/vgpu-devices-allocated``) and no other container may have any; then the next non-empty
+  entry is this container's; kubelet's device count must equal its recorded cards, the
   container's limit must agree, every card must be one of ours, and kubelet's virtual ids must sit on
   exactly the recorded cards (GetPreferredAllocation steers kubelet there; when kubelet picked others
   anyway, say because its Topology Manager insisted, kubelet's and the scheduler's accounting would
@@ -42,8 +44,9 @@ from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
 from device_plugin.server import AllocationRefused
 from hami import annotations as ann
-from hami.errors import AnnotationError, HamiError
+from hami.errors import AnnotationError, HamiError, InvalidRequest
 from hami.model import ContainerDevice
+from hami.quantity import to_count
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +230,56 @@ class Allocator:
                 f"pod {ref}: {ann.NVIDIA_TO_ALLOCATE} has {len(entries)} container entries but the pod has "
                 f"{len(containers)} containers (init + app); cannot tell which entry is whose",
             )
+        problem = self._record_problem(ref, annos, entries, containers)
+        if problem:
+            raise await fail(pod, "bad_annotation", problem)
         n_init = len(spec.get("initContainers") or [])
         return PendingPod(pod=pod, entries=entries, containers=containers, n_init=n_init)
+
+    def _record_problem(
+        self, ref: str, annos: Mapping[str, str], entries: list[list[ContainerDevice]], containers: list[dict]
+    ) -> str | None:
+        """Why the record cannot be matched to the containers kubelet will ask for, or None.
+
+        kubelet calls Allocate for each container that limits the resource, in container order, and the
+        plugin serves the first unserved entry; that is only the right container when every container
+        that limits the resource has either an open entry of its own or one already served (empty in
+        to-allocate, present in ``hami.io/vgpu-devices-allocated``, which the plugin never changes),
+        and no container without the limit has cards recorded. Otherwise a device container without a
+        record would be handed the next container's cards and limits (QA finding), or the lock would
+        wait for an Allocate that never comes.
+        """
+        resource = self.settings.resource_name
+        value = annos.get(ann.NVIDIA_ALLOCATED)
+        if value is None:
+            return f"pod {ref} has no {ann.NVIDIA_ALLOCATED} annotation"
+        try:
+            recorded = ann.decode_pod_devices(value)
+        except AnnotationError as e:
+            return f"pod {ref}: {ann.NVIDIA_ALLOCATED}: {e}"
+        if len(recorded) != len(containers):
+            return (
+                f"pod {ref}: {ann.NVIDIA_ALLOCATED} has {len(recorded)} container entries but the pod has "
+                f"{len(containers)} containers (init + app)"
+            )
+        for ctr, entry, kept in zip(containers, entries, recorded, strict=True):
+            name = ctr.get("name", "?")
+            limit = ((ctr.get("resources") or {}).get("limits") or {}).get(resource)
+            try:
+                wants = 0 if limit is None else to_count(limit, resource=f"{resource} limit")
+            except InvalidRequest as e:
+                return f"pod {ref} container {name}: {e}"
+            if wants and not entry and not kept:
+                return (
+                    f"pod {ref} container {name}: limits {resource}={limit} but the scheduler recorded no "
+                    f"card for it in {ann.NVIDIA_TO_ALLOCATE}; refusing to guess whose cards it gets"
+                )
+            if not wants and entry:
+                return (
+                    f"pod {ref} container {name}: the scheduler recorded card(s) {[d.uuid for d in entry]} "
+                    f"but the container does not limit {resource}, so kubelet will never allocate them"
+                )
+        return None
 
     # ----- GetPreferredAllocation
 
@@ -478,8 +529,14 @@ class Allocator:
 
 
 def _env_true(container: Mapping[str, Any], name: str) -> bool:
-    """True when the container sets env `name` to a true value (Go ParseBool); ``false`` keeps control on."""
+    """True when the container sets env `name` to a true value (Go ParseBool); ``false`` keeps control on.
+
+    When the name appears more than once the last entry counts: kubelet builds the environment with
+    later entries overriding earlier ones, so that is the value the container (and libvgpu) sees.
+    A ``valueFrom`` entry cannot be resolved here and counts as not true.
+    """
+    value = None
     for env in container.get("env") or []:
-        if env.get("name") == name:
-            return str(env.get("value", "")) in _TRUE
-    return False
+        if isinstance(env, Mapping) and env.get("name") == name:
+            value = env.get("value")
+    return value is not None and str(value) in _TRUE

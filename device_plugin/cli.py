@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--metrics-port",
         type=int,
-        default=int(env("METRICS_PORT", "9396")),
+        # A string default: argparse applies type=int to it, so a bad METRICS_PORT is a usage error.
+        default=env("METRICS_PORT", "9396"),
         help="port of /metrics and /healthz (default 9396; -1 disables)",
     )
     p.add_argument("--metrics-host", default=env("METRICS_HOST", "0.0.0.0"))
@@ -124,7 +125,11 @@ async def run(args: argparse.Namespace, *, stop: asyncio.Event | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console script entry point (``hami-device-plugin = device_plugin.cli:main``)."""
+    """Console script entry point (``hami-device-plugin = device_plugin.cli:main``).
+
+    Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
+    stderr), 2 for usage errors (missing node name, bad flag or environment value).
+    """
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -137,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(run(args))
     except HamiError as e:
         print(f"hami-device-plugin: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        # A busy metrics port, an unusable socket directory: one line for the operator, no traceback.
+        print(f"hami-device-plugin: cannot start: {e}", file=sys.stderr)
         return 1
 
 

@@ -82,8 +82,10 @@ def _int_field(value: str, *, what: str) -> int:
 def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDevice]:
     """Decode one container entry (without its ``;``).
 
-    Fragments without a comma are ignored (HAMi writes none, but tolerates them); a device with fewer
-    than 4 fields, or a non-integer memory/cores field, raises AnnotationError naming the entry.
+    Fragments without a comma are ignored (HAMi writes none, but tolerates them), and so is the empty
+    device ``,,0,0`` that some HAMi versions wrote for a container without devices (HAMi#991: the
+    device plugin then failed with "unknown uuid"). A device with fewer than 4 fields, an empty uuid
+    with a type or usage, or a non-integer memory/cores field raises AnnotationError naming the entry.
     """
     out: list[ContainerDevice] = []
     for n, frag in enumerate(value.split(DEVICE_SEP)):
@@ -96,6 +98,8 @@ def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDev
                 f"{where}: {frag!r} has {len(parts)} fields, want uuid,type,usedmem,usedcores"
             )
         uuid = parts[0].strip()
+        if not uuid and not parts[1].strip() and all(p.strip() in ("", "0") for p in parts[2:]):
+            continue  # HAMi's empty-device form of an empty container entry
         if not uuid:
             raise AnnotationError(f"{where}: empty uuid")
         mem = _int_field(parts[2], what=f"{where} usedmem")
@@ -116,6 +120,27 @@ def decode_pod_devices(value: str) -> list[list[ContainerDevice]]:
         return []
     body = value[:-1] if value.endswith(CONTAINER_SEP) else value
     return [decode_container_devices(e, entry=i) for i, e in enumerate(body.split(CONTAINER_SEP))]
+
+
+def align_pod_devices(
+    entries: Sequence[Sequence[ContainerDevice]], containers: int
+) -> list[list[ContainerDevice]]:
+    """Map a decoded pod device list onto `containers` containers (init first), tolerating HAMi's variants.
+
+    HAMi's padding regression (hami-legacy-spec §8.2, HAMi#2899) drops the leading empty entries of
+    containers without devices, so a list shorter than the pod has containers belongs to the *last*
+    containers: it is padded with empty entries in front. Some versions wrote an extra leading ``;``
+    (HAMi#991): surplus leading entries that are empty are dropped. A list that cannot be aligned this
+    way (surplus entries holding devices) is returned unchanged. Shape: one list per container.
+    """
+    out = [list(e) for e in entries]
+    if not out:
+        return out
+    if len(out) < containers:
+        return [[] for _ in range(containers - len(out))] + out
+    while len(out) > containers and not out[0]:
+        out.pop(0)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -247,16 +272,25 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
             )
         if f[6] not in _BOOLS:
             raise AnnotationError(f"{where}: health {f[6]!r} is not a boolean (true/false)")
+        if not f[0].strip():
+            raise AnnotationError(f"{where}: empty id")
+        ints = {
+            k: _int_field(f[j], what=f"{where} {k}") for j, k in ((1, "count"), (2, "devmem"), (3, "devcore"))
+        }
+        ints["index"] = _int_field(f[7], what=f"{where} index") if len(f) == 9 else 0
+        for k, v in ints.items():
+            if v < 0:
+                raise AnnotationError(f"{where}: field {k!r} must be >= 0, got {v}")
         out.append(
             Device(
                 uuid=f[0],
-                count=_int_field(f[1], what=f"{where} count"),
-                devmem=_int_field(f[2], what=f"{where} devmem"),
-                devcore=_int_field(f[3], what=f"{where} devcore"),
+                count=ints["count"],
+                devmem=ints["devmem"],
+                devcore=ints["devcore"],
                 type=f[4],
                 numa=_int_field(f[5], what=f"{where} numa"),
                 health=_BOOLS[f[6]],
-                index=_int_field(f[7], what=f"{where} index") if len(f) == 9 else 0,
+                index=ints["index"],
                 mode=(f[8] if len(f) == 9 and f[8] else "hami-core"),
                 vendor=vendor,
             )

@@ -161,6 +161,9 @@ def _validate(cfg: DeviceConfig) -> None:
         (n.memoryFactor >= 1, "nvidia.memoryFactor", n.memoryFactor, "an integer >= 1"),
         (n.gpuCorePolicy in CORE_POLICIES, "nvidia.gpuCorePolicy", n.gpuCorePolicy, ", ".join(CORE_POLICIES)),
     ]
+    if cfg.hygon is not None:
+        h = cfg.hygon
+        checks.append((h.memoryFactor >= 1, "hygon.memoryFactor", h.memoryFactor, "an integer >= 1"))
     s = cfg.scheduler
     checks.append(
         (s.nodeSchedulerPolicy in NODE_POLICIES, "scheduler.nodeSchedulerPolicy", s.nodeSchedulerPolicy,
@@ -176,6 +179,12 @@ def _validate(cfg: DeviceConfig) -> None:
             checks.append(
                 (False, f"nodeconfig[{o.name}].devicesplitcount", o.deviceSplitCount, "an integer >= 1")
             )
+        for key, val in (
+            ("devicememoryscaling", o.deviceMemoryScaling),
+            ("devicecorescaling", o.deviceCoreScaling),
+        ):
+            if val is not None and val <= 0:
+                checks.append((False, f"nodeconfig[{o.name}].{key}", val, "a number > 0"))
     for ok, key, val, valid in checks:
         if not ok:
             raise ConfigError(f"{key}: {val!r} is invalid; valid: {valid}")

@@ -6,7 +6,8 @@ order), so an operator reading HAMi's docs gets the same answers and the same re
   containers and one at a time), app containers one after another on one shared working copy, so
   several containers of a pod may share a card, each taking one slot;
 - native sidecars (init containers with ``restartPolicy: Always``) run alongside the app containers and
-  are counted with them (HAMi counts them as init containers and under-counts);
+  are counted with them (HAMi counts them as init containers and under-counts); an init container
+  declared after a sidecar runs alongside that sidecar, so it is fitted next to it;
 - a container asking N cards gets N distinct cards;
 - every card failure is a `Reason`; the node's failure text is HAMi's
   ``"1/4 CardInsufficientMemory, 3/4 CardTimeSlicingExhausted"``.
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from hami.annotations import align_pod_devices
 from hami.model import (
     CardGrant,
     ContainerDevice,
@@ -179,10 +181,42 @@ def fit_container(
     if policy.topology_aware and len(ordered) > req.nums:
         chosen = set(best_combination([d.uuid for d, _, _ in ordered], req.nums, pair_scores or {}))
         ordered = [x for x in ordered if x[0].uuid in chosen]
+    if quota_ok is not None and req.nums > 1:
+        ordered = _within_quota(ordered, req, cores, quota_ok, reasons)
+        if ordered is None:
+            return None, reasons
     out = []
     for d, _, _ in ordered[: req.nums]:
         out.append(ContainerDevice(uuid=d.uuid, type=req.vendor, usedmem=req.memory_on(d), usedcores=cores))
     return out, reasons
+
+
+def _within_quota(
+    ordered: list[tuple[Device, DeviceUsage, float]],
+    req: ContainerRequest,
+    cores: int,
+    quota_ok: Callable[[int, int], bool],
+    reasons: Counter[Reason],
+) -> list[tuple[Device, DeviceUsage, float]] | None:
+    """Take cards in preference order while the namespace quota holds with all cards taken so far.
+
+    HAMi's fitQuota counts the cards already chosen for this container: a 2-card container asking
+    3000 MiB needs 6000 MiB of quota (HAMi#893), which a per-card check alone would let through.
+    """
+    taken: list[tuple[Device, DeviceUsage, float]] = []
+    mem = core = 0
+    for item in ordered:
+        m = req.memory_on(item[0])
+        if quota_ok(mem + m, core + cores):
+            taken.append(item)
+            mem, core = mem + m, core + cores
+            if len(taken) == req.nums:
+                return taken
+        else:
+            reasons[Reason.RESOURCE_QUOTA_NOT_FIT] += 1
+    if taken:
+        reasons[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(taken)
+    return None
 
 
 def _pick_numa_group(
@@ -202,12 +236,17 @@ def _pick_numa_group(
             reasons[Reason.NUMA_NOT_FIT] += len(g)
     if not big:
         return []
-    utilisation = [p for p in policy.cards if p in (CardPolicy.BINPACK, CardPolicy.SPREAD)]
-    binpack = bool(utilisation) and utilisation[0] is CardPolicy.BINPACK
 
-    def group_key(n: int) -> tuple[float, int]:
+    def group_key(n: int) -> tuple[float, ...]:
+        # The card policy chain decides, key by key (a bare `numa`: lowest NUMA node first); without
+        # a utilisation or numa key (mutex, topology-aware) the emptiest group, as under spread.
         s = sum(x[2] for x in big[n])
-        return (-s if binpack else s, n)
+        k = [
+            -s if p is CardPolicy.BINPACK else s if p is CardPolicy.SPREAD else n
+            for p in policy.cards
+            if p in (CardPolicy.BINPACK, CardPolicy.SPREAD, CardPolicy.NUMA)
+        ]
+        return (*(k or [s]), n)
 
     return groups[min(big, key=group_key)]
 
@@ -245,7 +284,7 @@ def fit_pod(
             got, reasons = fit_container(
                 req,
                 cards,
-                app_usage if shared else base_usage,
+                app_usage,  # for an init container: the node plus the sidecars started before it
                 vendor=vendors[req.vendor],
                 selection=selections.get(req.vendor, Selection()),
                 policy=policy,
@@ -264,6 +303,18 @@ def fit_pod(
                     u.add(cd.usedmem, cd.usedcores)
                     pod_totals[req.vendor][0] += cd.usedmem
                     pod_totals[req.vendor][1] += cd.usedcores
+    if quota is not None:
+        # The pod's collapsed usage is what the namespace is charged: an init container on a card the
+        # app containers do not use adds to it (HAMi#3052), while one on a shared card is not counted twice.
+        totals: dict[str, list[int]] = {}
+        for g in collapse_grants(devices, [c.kind for c in containers]):
+            t = totals.setdefault(g.vendor, [0, 0])
+            t[0] += g.usedmem
+            t[1] += g.usedcores
+        for v, (mem, cores) in totals.items():
+            if not quota(v, mem, cores):
+                n = max(len(node.devices.get(v, ())), 1)
+                return NodeFit(ok=False, reasons=Counter({Reason.RESOURCE_QUOTA_NOT_FIT: n}), total=n)
     return NodeFit(ok=True, devices=devices)
 
 
@@ -275,11 +326,15 @@ def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list
     """Usage a pod holds per card (§2.2.2 collapse rule, sidecars counted with app containers).
 
     Per (vendor, uuid): memory/cores = max(largest init container, sum of app + sidecar containers);
-    slots = max(1 if only init containers use it, number of app + sidecar containers on it).
-    Entries beyond `kinds` are treated as app containers.
+    slots = max(1 if only init containers use it, number of app + sidecar containers on it). An init
+    container declared after a native sidecar runs alongside it, so its peak includes that sidecar.
+    A list written by another HAMi version with fewer or more entries than `kinds` is aligned first
+    (`annotations.align_pod_devices`); entries still beyond `kinds` are treated as app containers.
     """
     out: list[CardGrant] = []
     for vendor, per_container in devices.items():
+        if kinds and len(per_container) != len(kinds):
+            per_container = align_pod_devices(per_container, len(kinds))
         init: dict[str, list[int]] = {}
         app: dict[str, list[int]] = {}
         order: list[str] = []
@@ -289,19 +344,27 @@ def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list
                 if cd.uuid not in init and cd.uuid not in app:
                     order.append(cd.uuid)
                 if kind is ContainerKind.INIT:
-                    m = init.setdefault(cd.uuid, [0, 0])
-                    m[0], m[1] = max(m[0], cd.usedmem), max(m[1], cd.usedcores)
+                    # `app` holds only the sidecars declared before this init container: they run with it.
+                    side = app.get(cd.uuid, (0, 0, 0))
+                    m = init.setdefault(cd.uuid, [0, 0, 0])
+                    m[0] = max(m[0], cd.usedmem + side[0])
+                    m[1] = max(m[1], cd.usedcores + side[1])
+                    m[2] = max(m[2], 1 + side[2])
                 else:
                     a = app.setdefault(cd.uuid, [0, 0, 0])
                     a[0] += cd.usedmem
                     a[1] += cd.usedcores
                     a[2] += 1
         for uuid in order:
-            im, ic = init.get(uuid, (0, 0))
+            im, ic, islots = init.get(uuid, (0, 0, 0))
             am, ac, an = app.get(uuid, (0, 0, 0))
             out.append(
                 CardGrant(
-                    uuid=uuid, vendor=vendor, usedmem=max(im, am), usedcores=max(ic, ac), slots=max(an, 1)
+                    uuid=uuid,
+                    vendor=vendor,
+                    usedmem=max(im, am),
+                    usedcores=max(ic, ac),
+                    slots=max(an, islots, 1),
                 )
             )
     return out

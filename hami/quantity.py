@@ -1,10 +1,14 @@
 """Kubernetes resource quantities turned into the integers HAMi works in: counts, MiB and percent.
 
 HAMi reads `nvidia.com/gpumem: 16Gi` with `AsInt64` and gets 17179869184 "MiB", which overflows its
-int32 and silently drops the whole request (hami-legacy-spec §1.1). Here a quantity with a unit is
-bytes and is converted to MiB exactly, a bare number is already MiB, and everything that is not a whole,
+int32 and silently drops the whole request (hami-legacy-spec §1.1). Here a quantity with a binary unit
+(Ki, Mi, Gi, ...) is bytes and is converted to MiB exactly; a bare number is already MiB, and so is a
+number with a ``k`` suffix or exponent: the API server stores quantities in canonical form, so the
+`gpumem: 20000` a user wrote reaches the scheduler as ``20k`` (and a quota of 24000 as ``24k``), which
+must stay 20000 MiB as in HAMi (see `to_mib` for M and larger). Everything that is not a whole,
 non-negative number in range is an `InvalidRequest` naming the resource.
-Quantity grammar: k8s.io/apimachinery/pkg/api/resource (decimal SI, binary SI and exponent suffixes).
+Quantity grammar and canonical form: k8s.io/apimachinery/pkg/api/resource (decimal SI, binary SI and
+exponent suffixes; "the exponent (or suffix) is as large as possible").
 """
 
 from __future__ import annotations
@@ -77,15 +81,20 @@ def to_count(value: object, *, resource: str) -> int:
     return _whole(v, resource=resource, raw=value, unit="devices")
 
 
-def to_mib(value: object, *, resource: str, unit_mib: int = 1) -> int:
+def to_mib(value: object, *, resource: str, unit_mib: int = 1, per_card: bool = False) -> int:
     """Device memory in MiB.
 
-    A bare number is a count of `unit_mib` MiB (HAMi: MiB for NVIDIA, 256 MiB for Cambricon); a number
-    with a unit is bytes and must be a whole number of MiB (``16Gi`` -> 16384, ``1000M`` is an error,
-    never a silent 0). Raises InvalidRequest naming `resource`.
+    A bare number is a count of `unit_mib` MiB (HAMi: MiB for NVIDIA, 256 MiB for Cambricon), and so is
+    a number with a ``k`` suffix or an exponent (Kubernetes' canonical form: ``20k`` is the 20000 a user
+    wrote). A binary unit (``16Gi`` -> 16384) means bytes and must be a whole number of MiB. A decimal
+    ``M``/``G``/``T``/``P``/``E`` suffix is a count of MiB for totals (a quota of 2000000 arrives as
+    ``2M``) but bytes for a per-card request (`per_card`; 10^6 MiB is beyond any card, so the user meant
+    bytes: ``1000M`` is 953.674 MiB, an error). Never a silent 0 or a wrap.
+    Raises InvalidRequest naming `resource`.
     """
-    v, has_unit = parse_quantity(value, resource=resource)
-    if has_unit:
+    v, _ = parse_quantity(value, resource=resource)
+    text = value.strip() if isinstance(value, str) else ""
+    if text.endswith(tuple(_BINARY)) or (per_card and text[-1:] in ("M", "G", "T", "P", "E")):
         mib = v / MIB
         if mib.denominator != 1 and v >= 0:
             raise InvalidRequest(

@@ -10,6 +10,7 @@ tracked; an explicit 0 blocks everything; several quotas in one namespace: the s
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,6 +19,8 @@ from typing import Any
 from hami.model import CardGrant, ContainerRequest
 from hami.quantity import to_count, to_mib
 from hami.vendors.base import Vendor
+
+log = logging.getLogger(__name__)
 
 
 class QuotaState:
@@ -57,7 +60,9 @@ class QuotaState:
                 limits[res] = (
                     to_mib(value, resource=key) if kind == "memory" else to_count(value, resource=key)
                 )
-            except ValueError:
+            except ValueError as e:
+                # Kubernetes validated the quantity, so this is a value no card can use; say so once.
+                log.warning("ResourceQuota %s/%s: %s not enforced: %s", ns, name, key, e)
                 continue
         with self._lock:
             self._quotas[(ns, name)] = limits

@@ -107,22 +107,25 @@ def parse_weights(value: str) -> ScoringWeights:
 
 
 def choose_policies(annotations: Mapping[str, str], *, node_default: str, card_default: str) -> PolicyChoice:
-    """Policies for a pod: its override annotations when valid, else the configured defaults (with a warning)."""
+    """Policies for a pod: its override annotations when valid, else the configured defaults (with a warning).
+
+    An empty or blank annotation value means "not set" (HAMi: empty = the default), not a warning.
+    """
     warnings: list[str] = []
     node = NodePolicy(node_default)
     cards = parse_card_policy(card_default)
     weights = ScoringWeights()
-    if (v := annotations.get(A.NODE_SCHEDULER_POLICY)) is not None:
+    if (v := annotations.get(A.NODE_SCHEDULER_POLICY) or "").strip():
         try:
             node = parse_node_policy(v)
         except InvalidRequest as e:
             warnings.append(f"{e}; using the default {node_default!r}")
-    if (v := annotations.get(A.GPU_SCHEDULER_POLICY)) is not None:
+    if (v := annotations.get(A.GPU_SCHEDULER_POLICY) or "").strip():
         try:
             cards = parse_card_policy(v)
         except InvalidRequest as e:
             warnings.append(f"{e}; using the default {card_default!r}")
-    if (v := annotations.get(A.DEVICE_SCORING_WEIGHTS)) is not None:
+    if (v := annotations.get(A.DEVICE_SCORING_WEIGHTS) or "").strip():
         try:
             weights = parse_weights(v)
         except InvalidRequest as e:

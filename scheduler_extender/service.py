@@ -121,7 +121,8 @@ class Extender:
             self.metrics.filters.labels("error").inc()
         return result
 
-    def _decide(self, args: FilterArgs) -> FilterOutcome:
+    def _decide(self, args: FilterArgs) -> tuple[FilterOutcome, str]:
+        """The outcome and, for an `error` outcome, its metric reason (wrong_scheduler, invalid_pod)."""
         pod = args.pod
         sched = (pod.get("spec") or {}).get("schedulerName") or ""
         want = self.settings.scheduler_name
@@ -131,30 +132,32 @@ class Extender:
             except InvalidRequest:
                 asks = True
             if not asks:
-                return FilterOutcome(no_devices=True)
-            self.metrics.filter_failed("wrong_scheduler")
+                return FilterOutcome(no_devices=True), ""
             return FilterOutcome(
                 error=f"pod {_pod_name(pod)} asks for devices but has spec.schedulerName {sched!r}; this "
                 f"extender places pods of scheduler {want!r} (let the webhook set it, or run the extender "
                 "with --scheduler-name matching the kube-scheduler profile)"
-            )
-        return self.state.filter(pod, args.names)
+            ), "wrong_scheduler"
+        return self.state.filter(pod, args.names), "invalid_pod"
 
     def _filter_sync(self, args: FilterArgs) -> dict[str, Any]:
         pod = args.pod
         meta = pod["metadata"]
-        outcome = self._decide(args)
+        outcome, error_reason = self._decide(args)
         if outcome.no_devices:
             self.metrics.filters.labels("passthrough").inc()
             return filter_result(args, passed=list(args.names))
         if outcome.error:
-            if "has spec.schedulerName" not in outcome.error:
-                self.metrics.filter_failed("invalid_pod")
+            self.metrics.filter_failed(error_reason)
             self.events.emit(pod, reason=ev.FILTERING_FAILED, message=outcome.error, warning=True)
             return filter_result(args, error=outcome.error)
         sent = set(args.names)
         failed = {n: r for n, r in outcome.failed_nodes.items() if n in sent and n != outcome.node}
-        if outcome.node is None or outcome.node not in sent:
+        if outcome.node is not None and outcome.node not in sent:
+            # Cannot happen (the state chooses among the names sent); never hold capacity for it.
+            self.state.release_reservation(meta["uid"])
+            outcome.node = None
+        if outcome.node is None:
             for n in args.names:
                 failed.setdefault(n, "no fit")
             self.metrics.filter_failed("no_fit")
@@ -242,6 +245,16 @@ class Extender:
     def _bind_sync(self, a: BindArgs) -> None:
         ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
         who = f"pod {ns}/{name}"
+        if not uid and self.client is not None:
+            # Callers that leave PodUID out: the reservation is keyed by UID, so look it up.
+            try:
+                pod = self.client.get_pod(ns, name)
+            except HamiError as e:
+                raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
+            if pod is None:
+                raise BindFailure("pod_gone", f"binding {who} to {node} failed: the pod no longer exists")
+            uid = (pod.get("metadata") or {}).get("uid", "")
+            a = BindArgs(name, ns, uid, node)
         reserved = self.state.pod_node(uid) if uid else None
         if reserved is not None and reserved != node:
             raise BindFailure(

@@ -42,8 +42,8 @@ def _node_inputs(node: dict[str, Any]) -> tuple[Any, Any]:
 class ClusterSync:
     """One term's reflectors and registration loop over `state`.
 
-    `register_interval_s`: period of the registration pass (HAMi: 15 s; 0 disables it, and with it the
-    handshake stamps). `reservation_ttl_s`: a filter reservation no pod event confirmed within this
+    `register_interval_s`: period of the registration pass (HAMi: 15 s; 0 disables liveness checks and
+    handshake stamps; reservations still expire every 15 s). `reservation_ttl_s`: a filter reservation no pod event confirmed within this
     many seconds is dropped. `clock`: local wall clock for handshakes (HAMi writes local time).
     """
 
@@ -194,45 +194,44 @@ class ClusterSync:
 
     # -- registration pass -------------------------------------------------------------------------
 
-    def register_pass(self) -> int:
-        """Re-judge every node's liveness, write handshake stamps, expire reservations.
+    def register_pass(self, *, liveness: bool = True) -> int:
+        """Re-judge every node's liveness and write handshake stamps (`liveness`), expire reservations.
 
         Returns the number of nodes whose handshake was stamped. API errors are logged, never raised.
         """
         stamped = 0
-        if not self.nodes.synced:
-            return 0
-        now = self.clock()
-        for node in self.nodes.items():
-            meta = node.get("metadata") or {}
-            name = meta.get("name", "")
-            verdict = check_node(
-                node, self.state.vendors.values(), now=now, timeout_s=self.handshake_timeout_s
-            )
-            with self._lock:
-                if self._closed:
-                    return stamped
-                changed = self._health.get(name, "unseen") != verdict.reason
-                if changed:
-                    self._apply_node(node, verdict.reason, judged=True)
-            if changed and verdict.reason is not None:
-                log.warning("node %s not usable: %s", name, verdict.reason)
-            if verdict.stamps and self.write_handshakes:
-                try:
-                    self.client.patch_node_annotations(name, verdict.stamps)
-                    stamped += 1
-                except HamiError as e:
-                    log.info("node %s: handshake stamp not written: %s", name, e)
+        if liveness and self.nodes.synced:
+            now = self.clock()
+            for node in self.nodes.items():
+                name = (node.get("metadata") or {}).get("name", "")
+                verdict = check_node(
+                    node, self.state.vendors.values(), now=now, timeout_s=self.handshake_timeout_s
+                )
+                with self._lock:
+                    if self._closed:
+                        return stamped
+                    changed = self._health.get(name, "unseen") != verdict.reason
+                    if changed:
+                        self._apply_node(node, verdict.reason, judged=True)
+                if changed and verdict.reason is not None:
+                    log.warning("node %s not usable: %s", name, verdict.reason)
+                if verdict.stamps and self.write_handshakes:
+                    try:
+                        self.client.patch_node_annotations(name, verdict.stamps)
+                        stamped += 1
+                    except HamiError as e:
+                        log.info("node %s: handshake stamp not written: %s", name, e)
         expired = self.state.expire_reservations(self.reservation_ttl_s)
         if expired:
             log.info("dropped %d unconfirmed reservations: %s", len(expired), ", ".join(expired[:10]))
         return stamped
 
     def _loop(self) -> None:
-        if self.register_interval_s <= 0:
-            return
-        while not self._stop.wait(self.register_interval_s):
+        # Reservations expire even when the liveness pass is off (--register-interval 0).
+        liveness = self.register_interval_s > 0
+        interval = self.register_interval_s if liveness else 15.0
+        while not self._stop.wait(interval):
             try:
-                self.register_pass()
+                self.register_pass(liveness=liveness)
             except Exception:  # noqa: BLE001 - the loop must survive anything
                 log.exception("registration pass failed")

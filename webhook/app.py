@@ -14,6 +14,8 @@ import logging
 import time
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from webhook.metrics import WebhookMetrics
@@ -74,6 +76,11 @@ async def handle_mutate(request: web.Request) -> web.Response:
     except web.HTTPRequestEntityTooLarge:
         metrics.reviews.labels("error").inc()
         return _json({"error": f"body larger than {MAX_BODY} bytes"}, status=413)
+    except (RequestPayloadError, HttpProcessingError) as exc:
+        # A body that cannot be read (bad Content-Encoding, truncated chunks): the client's fault, not a
+        # 500 with aiohttp's text.
+        metrics.reviews.labels("error").inc()
+        return _json({"error": "body could not be read: " + " ".join(str(exc).split())}, status=400)
     status, reply, decision = review_body(request.app[MUTATOR_KEY], body)
     metrics.latency.observe(time.perf_counter() - started)
     metrics.reviews.labels(decision.result if decision else "error").inc()

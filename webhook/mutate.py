@@ -3,7 +3,10 @@
 Order of the steps, and why:
 1. Only CREATE of core/v1 pods (no sub-resource) is reviewed; anything else is allowed unchanged,
    except another kind, which is a configuration mistake and is denied with a message saying so.
-2. `hami.io/webhook: ignore` on the pod (label or annotation) or its namespace: allowed unchanged.
+2. `hami.io/webhook: ignore` as a label of the pod or of its namespace: allowed unchanged. Only labels
+   count, as in HAMi (the MutatingWebhookConfiguration selectors can only see labels): an annotation
+   of that name would let any user skip step 3 with forged allocation annotations, so it only earns
+   a warning.
 3. Allocation annotations a user wrote are removed, whatever the scheduler: the extender counts usage
    from them, so a forged `hami.io/vgpu-devices-allocated` could make free cards look full.
 4. Pods that name a scheduler we may not take over are otherwise left alone (HAMi step 2).
@@ -68,9 +71,37 @@ def _containers(spec: dict[str, Any]) -> list[_Slot]:
         for i, c in enumerate(items):
             if not isinstance(c, dict):
                 raise InvalidRequest(f"spec.{field}[{i}] must be an object (a container)")
+            _check_container_shape(c, f"spec.{field}[{i}]")
             sidecar = init and c.get("restartPolicy") == "Always"
             slots.append(_Slot(container=c, path=f"spec.{field}[{i}]", init=init, sidecar=sidecar))
     return slots
+
+
+def _check_container_shape(c: dict[str, Any], path: str) -> None:
+    """Raise InvalidRequest naming the field when a container member the vendor hooks read has the
+    wrong JSON type (the API server's decoder rejects such pods, but a review must never reach the
+    vendors with them: they would fail with an internal error instead of a message)."""
+    res = c.get("resources")
+    if res is not None:
+        if not isinstance(res, dict):
+            raise InvalidRequest(f"{path}.resources must be an object, got {type(res).__name__}")
+        for part in ("limits", "requests"):
+            value = res.get(part)
+            if value is not None and not isinstance(value, dict):
+                raise InvalidRequest(
+                    f"{path}.resources.{part} must be an object (resource name -> quantity), "
+                    f"got {type(value).__name__}"
+                )
+    env = c.get("env")
+    if env is not None:
+        if not isinstance(env, list):
+            raise InvalidRequest(f"{path}.env must be a list of {{name, value}} objects")
+        for j, e in enumerate(env):
+            if not isinstance(e, dict):
+                raise InvalidRequest(f"{path}.env[{j}] must be an object with name and value")
+    ctx = c.get("securityContext")
+    if ctx is not None and not isinstance(ctx, dict):
+        raise InvalidRequest(f"{path}.securityContext must be an object, got {type(ctx).__name__}")
 
 
 def _locate(message: str, slot: _Slot) -> str:
@@ -158,7 +189,7 @@ class Mutator:
         namespace = namespace or meta.get("namespace") or "default"
         labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
         annotations_in = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-        if rules.is_ignored(labels) or rules.is_ignored(annotations_in):
+        if rules.is_ignored(labels):
             return allow()
         if self.namespaces is not None and rules.is_ignored(self.namespaces.labels(namespace)):
             return allow()
@@ -170,7 +201,13 @@ class Mutator:
 
         mutated = json_copy(pod)
         warnings: list[str] = []
-        m_meta = mutated.setdefault("metadata", {})
+        if rules.is_ignored(annotations_in):
+            warnings.append(
+                f"annotation {keys.WEBHOOK_IGNORE}: {rules.IGNORE_VALUE} has no effect; "
+                "to opt a pod out, set it as a label"
+            )
+        # Not setdefault: a pod sent without metadata must not get an empty one added by the patch.
+        m_meta = mutated.get("metadata") or {}
         m_ann = m_meta.get("annotations")
         if isinstance(m_ann, dict):
             for key in rules.strip_allocation_annotations(m_ann, self._protected):

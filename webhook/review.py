@@ -104,12 +104,16 @@ def decode_review(body: bytes | str) -> AdmissionRequest:
 
     Returns the request; raises `ReviewError` naming the field when the body is not JSON, not an object,
     not `kind: AdmissionReview`, of an unsupported `apiVersion` (valid: admission.k8s.io/v1,
-    admission.k8s.io/v1beta1), or lacks `request` / `request.uid`. The pod itself is not validated here.
+    admission.k8s.io/v1beta1), nested too deeply to parse, or lacks `request` / `request.uid`.
+    The pod itself is not validated here.
     """
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ReviewError(f"body is not JSON: {exc}") from None
+    except RecursionError:
+        # Nesting deeper than Python's recursion limit: no pod is shaped like that.
+        raise ReviewError("body is not a usable AdmissionReview: JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise ReviewError(f"body must be a JSON object (an AdmissionReview), got {type(doc).__name__}")
     kind = doc.get("kind")

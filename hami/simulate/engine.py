@@ -17,6 +17,7 @@ Modes:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
@@ -148,6 +149,8 @@ class RunResult:
     checkpoints: list[Checkpoint] = field(default_factory=list)
     curve: list[Checkpoint] = field(default_factory=list)
     failure_reasons: Counter[str] = field(default_factory=Counter)
+    #: The core's warnings (e.g. an unknown policy in a pod annotation) and how many pods got each.
+    warnings: Counter[str] = field(default_factory=Counter)
     per_model: dict[str, ModelUsage] = field(default_factory=dict)
     peak_per_model: dict[str, ModelUsage] = field(default_factory=dict)
     decision_s: list[float] = field(default_factory=list)
@@ -171,6 +174,13 @@ Progress = Callable[[float], None]
 _NODE_REASON = re.compile(r"\d+/\d+ ")
 
 
+@functools.lru_cache(maxsize=4096)
+def _reason_kind(text: str) -> str:
+    # Texts repeat across nodes and pods (a handful of shapes), so the regex runs once per shape.
+    # "1/8 A, 7/8 B" and "3/8 B, 5/8 A" are the same kind of misfit: names only, sorted.
+    return ", ".join(sorted(_NODE_REASON.sub("", text).split(":")[0].split(", ")))
+
+
 def summarise_failure(failed_nodes: dict[str, str], *, limit: int = 3) -> tuple[str, str]:
     """(pod reason text, category) from the extender's per-node reasons.
 
@@ -180,9 +190,7 @@ def summarise_failure(failed_nodes: dict[str, str], *, limit: int = 3) -> tuple[
     Category (for tables): the most common reason of the nodes that have
     devices, else the most common reason.
     """
-    kinds: Counter[str] = Counter()
-    for text in failed_nodes.values():
-        kinds[_NODE_REASON.sub("", text).split(":")[0]] += 1
+    kinds: Counter[str] = Counter(_reason_kind(t) for t in failed_nodes.values())
     if not kinds:
         return "no candidate node", "no candidate node"
 
@@ -408,6 +416,8 @@ class _Replay:
         t0 = time.perf_counter()
         out = self.state.filter(obj, res.names_of(fitting))
         r.decision_s.append(time.perf_counter() - t0)
+        for w in out.warnings:
+            r.warnings[w] += 1
         if out.node is None:
             if out.error:
                 self.fail(pod, name, out.error, "invalid request")

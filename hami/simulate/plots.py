@@ -81,8 +81,9 @@ def model_plot(results: Sequence[RunResult], path: str | Path) -> None:
         ax.set_ylim(0, 105)
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_ylabel("% of the model's capacity (cards in brackets)")
-    axes[1].legend(loc="lower right")
-    fig.tight_layout()
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", ncol=max(1, len(results)), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path)
     plt.close(fig)
 

@@ -66,6 +66,7 @@ def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
             "max": _r(max(r.decision_s) * 1000 if r.decision_s else None, 3),
         },
         "failure_reasons": dict(r.failure_reasons.most_common()),
+        "warnings": dict(r.warnings.most_common()),
         "per_model": {
             m: {
                 "cards": u.cards,
@@ -164,6 +165,11 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
         lines += ["", "most common failure reasons (pods):"]
         for label, top in reasons:
             lines.append(f"  {label}: " + "; ".join(f"{n} {k}" for k, n in top))
+    warned = [(r.policy.label, r.warnings.most_common(3)) for r in results if r.warnings]
+    if warned:
+        lines += ["", "warnings from the scheduler core (pods):"]
+        for label, top in warned:
+            lines.append(f"  {label}: " + "; ".join(f"{n} x {k}" for k, n in top))
     return "\n".join(lines)
 
 

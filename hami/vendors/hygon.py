@@ -57,7 +57,10 @@ class HygonVendor:
             return None
         memreq, pct = 0, PERCENTAGE_UNSET
         if n.memory and n.memory in limits:
-            memreq = to_mib(limits[n.memory], resource=f"container {name}: {n.memory}") * n.memory_factor
+            memreq = (
+                to_mib(limits[n.memory], resource=f"container {name}: {n.memory}", per_card=True)
+                * n.memory_factor
+            )
         if memreq == 0:
             pct = 100
         cores = 100
@@ -100,7 +103,9 @@ class HygonVendor:
             return MutationResult()
         to_count(limits[n.count], resource=f"container {cname}: resources.limits[{n.count}]")
         if n.memory and n.memory in limits:
-            to_mib(limits[n.memory], resource=f"container {cname}: resources.limits[{n.memory}]")
+            to_mib(
+                limits[n.memory], resource=f"container {cname}: resources.limits[{n.memory}]", per_card=True
+            )
         if n.cores and n.cores in limits:
             to_percent(limits[n.cores], resource=f"container {cname}: resources.limits[{n.cores}]")
         return MutationResult(uses_device=True)

@@ -93,7 +93,10 @@ class NvidiaVendor:
             return None
         memreq = 0
         if n.memory and n.memory in limits:
-            memreq = to_mib(limits[n.memory], resource=f"container {name}: {n.memory}") * cfg.memoryFactor
+            memreq = (
+                to_mib(limits[n.memory], resource=f"container {name}: {n.memory}", per_card=True)
+                * cfg.memoryFactor
+            )
         pct = PERCENTAGE_UNSET
         if n.memory_percentage and n.memory_percentage in limits:
             p = to_percent(limits[n.memory_percentage], resource=f"container {name}: {n.memory_percentage}")
@@ -166,7 +169,7 @@ class NvidiaVendor:
             to_count(present[n.count], resource=field(n.count))
         mem = None
         if n.memory and n.memory in present:
-            mem = to_mib(present[n.memory], resource=field(n.memory))
+            mem = to_mib(present[n.memory], resource=field(n.memory), per_card=True)
             for d in (limits, requests):
                 if n.memory in d and str(d[n.memory]) != str(mem):
                     d[n.memory] = str(mem)

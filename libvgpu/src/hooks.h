@@ -23,11 +23,12 @@
     X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
-    X(cuGraphLaunch) X(cuGraphLaunch_ptsz)
+    X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
+    X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize)
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
-    R(cuCtxSynchronize) R(cuStreamIsCapturing) R(cuDriverGetVersion)
+    R(cuStreamIsCapturing) R(cuDriverGetVersion)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "common.h"
 #include "hooks.h"
 
@@ -31,6 +32,8 @@
 #undef cuMemFreeAsync
 #undef cuMemAllocFromPoolAsync
 #undef cuInit
+#undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 
 #define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
 
@@ -155,7 +158,14 @@ static void track_put(track_t *t) {
     pthread_mutex_unlock(&track_mu);
 }
 
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static int ctx_refs[MAX_ORD];
+static uint64_t ctx_charged[MAX_ORD];
+
 void vgpu_track_reset_after_fork(void) {
+    pthread_mutex_init(&ctx_mu, NULL);
+    memset(ctx_refs, 0, sizeof ctx_refs); /* CUDA contexts do not survive fork */
+    memset(ctx_charged, 0, sizeof ctx_charged);
     pthread_mutex_init(&track_mu, NULL);
     pthread_mutex_init(&map_mu, NULL);
     for (int i = 0; i < NBUCKET; i++) {
@@ -482,5 +492,106 @@ VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     if (rc != CUDA_SUCCESS) return rc;
     virtualise(vgpu_rdev_of_cuda((int)dev), NULL, &t);
     *bytes = t > UINT_MAX ? UINT_MAX : (unsigned int)t;
+    return rc;
+}
+
+/* ---------------- context memory ---------------- */
+
+/* The primary context's memory (about 500 MiB on an H200) is charged to the device when this
+ * process first retains it, and given back when the last reference is released or the context
+ * is reset. Measured with NVML: this process's own entry in the compute-process list when its
+ * pid is visible (no PID namespace), else the growth of the device's used memory across the
+ * retain (may include a neighbour's allocation made in the same instant; capped at 1 GiB). */
+#define CTX_CHARGE_MAX (1ull << 30)
+
+typedef struct { unsigned long long total, free, used; } nvml_mem_t;
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } nvml_proc_t;
+
+static void *nvml_handle_of(int rdev) {
+    typedef int (*init_t)(void);
+    typedef int (*byuuid_t)(const char *, void **);
+    init_t init = (init_t)REAL_NVML_PTR(nvmlInit_v2);
+    byuuid_t byuuid = (byuuid_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetHandleByUUID];
+    void *h = NULL;
+    if (!init || !byuuid || !vgpu_region || init() != 0) return NULL;
+    return byuuid(vgpu_region->devices[rdev].uuid, &h) == 0 ? h : NULL;
+}
+
+static int nvml_used(void *h, uint64_t *used) {
+    typedef int (*mem_t)(void *, nvml_mem_t *);
+    mem_t mem = (mem_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetMemoryInfo];
+    nvml_mem_t m;
+    if (!h || !mem || mem(h, &m) != 0) return -1;
+    *used = m.used;
+    return 0;
+}
+
+static int nvml_self_used(void *h, uint64_t *used) {
+    typedef int (*procs_t)(void *, unsigned *, nvml_proc_t *);
+    procs_t procs = (procs_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetComputeRunningProcesses_v3];
+    nvml_proc_t list[64];
+    unsigned n = 64;
+    if (!h || !procs || procs(h, &n, list) != 0) return -1;
+    for (unsigned i = 0; i < n && i < 64; i++)
+        if (list[i].pid == (unsigned)getpid() && list[i].used != ~0ull) { *used = list[i].used; return 0; }
+    return -1;
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    typedef CUresult (*fn)(CUcontext *, CUdevice);
+    if (off() || dev < 0 || dev >= MAX_ORD) return CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
+    pthread_mutex_lock(&ctx_mu);
+    int first = ctx_refs[dev] == 0;
+    int rdev = first ? vgpu_rdev_of_cuda((int)dev) : -1;
+    void *h = rdev >= 0 ? nvml_handle_of(rdev) : NULL;
+    uint64_t before = 0, after = 0, charge = 0;
+    int have_before = h && nvml_used(h, &before) == 0;
+    CUresult rc = CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
+    if (rc == CUDA_SUCCESS) {
+        ctx_refs[dev]++;
+        if (h && nvml_self_used(h, &charge) != 0) {
+            charge = 0;
+            if (have_before && nvml_used(h, &after) == 0 && after > before) charge = after - before;
+        }
+        if (charge > CTX_CHARGE_MAX) charge = CTX_CHARGE_MAX;
+        if (charge) {
+            vgpu_charge_context(rdev, charge);
+            ctx_charged[dev] = charge;
+            VLOG(VLOG_INFO, "context on device %d charged %llu bytes", (int)dev, (unsigned long long)charge);
+        }
+    }
+    pthread_mutex_unlock(&ctx_mu);
+    return rc;
+}
+
+static void ctx_drop(CUdevice dev, int all) {
+    if (dev < 0 || dev >= MAX_ORD) return;
+    pthread_mutex_lock(&ctx_mu);
+    if (ctx_refs[dev] > 0) ctx_refs[dev] = all ? 0 : ctx_refs[dev] - 1;
+    if (ctx_refs[dev] == 0 && ctx_charged[dev]) {
+        vgpu_uncharge_context(vgpu_rdev_of_cuda((int)dev), ctx_charged[dev]);
+        ctx_charged[dev] = 0;
+    }
+    pthread_mutex_unlock(&ctx_mu);
+}
+
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
+    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 0);
+    return rc;
+}
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease, dev);
+    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 0);
+    return rc;
+}
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxReset_v2, dev);
+    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 1);
+    return rc;
+}
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxReset, dev);
+    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 1);
     return rc;
 }

@@ -106,6 +106,7 @@ static void exit_handler(void) {
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         atomic_store(&s->used[d], 0);
         atomic_store(&s->data[d], 0);
+        atomic_store(&s->context[d], 0);
     }
     atomic_store(&s->pid, 0);
     my_slot = -1;
@@ -132,11 +133,11 @@ static void open_region(void) {
     if (magic == 0) {
         init_header(r);
     } else if (magic != VGPU_REGION_MAGIC || r->major != VGPU_REGION_MAJOR) {
-        unlock_region();
-        munmap(p, sizeof(vgpu_region_t));
         char why[96];
         snprintf(why, sizeof why, "magic 0x%x major %u, expected 0x%x major %u", magic, r->major,
                  VGPU_REGION_MAGIC, VGPU_REGION_MAJOR);
+        unlock_region();
+        munmap(p, sizeof(vgpu_region_t));
         use_private(why, path);
         return;
     }

@@ -7,9 +7,12 @@
  * arithmetic scaled with SM count squared (core#274, core#314). Here each process measures
  * the wall time during which the container kept the GPU busy, in slices: the first launch
  * after a pause opens a slice; the first launch after LIBVGPU_SM_SLICE_MS (250 ms) closes it
- * by draining the context (cuCtxSynchronize), so the slice's busy time is known exactly
- * (conservatively: CPU gaps inside a slice count as busy); then launches wait for
- * busy * (100 - p) / p. The pause is kept in the shared region per device, merged over the
+ * by draining the context (cuCtxSynchronize), so the slice's busy time is known: up to the
+ * drain, or up to the program's own last synchronisation when that followed its last launch
+ * (idle time is not charged; CPU gaps between launches are, which is conservative). Then
+ * launches wait until end + busy * (100 - p) / p. 250 ms because a duty-cycled H200 boosts
+ * its clock between pauses (more work per busy ms than at the power cap); long slices let the
+ * power cap engage. The pause is kept in the shared region per device, merged over the
  * container's processes by the union of their busy intervals, so all processes of a
  * container share one budget. Hard cap by default; LIBVGPU_SM_USE_IDLE=true skips the
  * pause while NVML shows no compute process on the card outside this container.
@@ -27,12 +30,14 @@
 #undef cuLaunchKernelEx
 #undef cuLaunchCooperativeKernel
 #undef cuGraphLaunch
+#undef cuStreamSynchronize
+#undef cuEventSynchronize
 
 extern char **environ;
 
 enum { SM_UNKNOWN = 0, SM_NONE = 1, SM_ACTIVE = 2 };
 static int sm_state = SM_UNKNOWN;
-static uint64_t slice_ns = 250000000ull; /* long enough for the power cap to engage (see docs) */
+static uint64_t slice_ns = 250000000ull;
 static int idle_mode;
 
 typedef struct {
@@ -40,6 +45,10 @@ typedef struct {
     uint64_t slice_start; /* 0 = no slice open */
 } pacer_t;
 static pacer_t pacers[VGPU_MAX_DEVICES];
+/* When the application last launched, and last returned from a synchronisation. A sync that
+ * returned after the last launch tells when the GPU ran out of this process's work, so time
+ * the program spent idle is not charged as busy. */
+static _Atomic uint64_t last_launch_ns, last_sync_ns;
 static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
 
 static void sm_setup(void) {
@@ -87,7 +96,8 @@ static int alone_on_device(vgpu_device_t *d) {
  * not already charged by another process (union of intervals) and extends the shared pause.
  * `force` closes a slice shorter than slice_ns (before waiting for someone else's pause, so
  * the pause itself is never charged as busy time). */
-static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, CUstream s, int force) {
+static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, CUstream s, int force,
+                        uint64_t prev_launch) {
     pthread_mutex_lock(&pc->mu);
     uint64_t start = pc->slice_start;
     if (!start || (!force && now - start < slice_ns)) { pthread_mutex_unlock(&pc->mu); return; }
@@ -102,6 +112,8 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
     sync_t sync = (sync_t)REAL_PTR(cuCtxSynchronize);
     if (sync) sync();
     uint64_t end = vgpu_now_ns();
+    uint64_t ls = atomic_load(&last_sync_ns);
+    if (ls > prev_launch && ls > start && ls < end) end = ls; /* the program drained its work then went idle */
     uint64_t cov = atomic_load(&d->covered_until_ns), from;
     do {
         from = start > cov ? start : cov;
@@ -137,10 +149,11 @@ void vgpu_sm_before_launch(void *stream) {
     uint64_t now = vgpu_now_ns();
     uint64_t pu = atomic_load(&d->pause_until_ns);
     uint64_t start = __atomic_load_n(&pc->slice_start, __ATOMIC_RELAXED);
+    uint64_t prev_launch = atomic_exchange(&last_launch_ns, now);
     if (now < pu) {
         /* Someone (this or another process) is pausing the device: charge what we ran so far,
          * wait, and open a fresh slice afterwards. */
-        if (start) close_slice(rdev, d, pc, now, (CUstream)stream, 1);
+        if (start) close_slice(rdev, d, pc, now, (CUstream)stream, 1, prev_launch);
     } else if (start == 0) {
         pthread_mutex_lock(&pc->mu);
         if (pc->slice_start == 0) __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
@@ -149,7 +162,7 @@ void vgpu_sm_before_launch(void *stream) {
     } else if (now - start < slice_ns) {
         return;
     } else {
-        close_slice(rdev, d, pc, now, (CUstream)stream, 0);
+        close_slice(rdev, d, pc, now, (CUstream)stream, 0, prev_launch);
     }
     pu = atomic_load(&d->pause_until_ns);
     now = vgpu_now_ns();
@@ -163,6 +176,7 @@ void vgpu_sm_before_launch(void *stream) {
     pthread_mutex_unlock(&pc->mu);
 }
 
+#define SYNCED() do { if (VGPU_UNLIKELY(sm_state == SM_ACTIVE)) atomic_store(&last_sync_ns, vgpu_now_ns()); } while (0)
 #define PACE(s) do { if (VGPU_UNLIKELY(sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s)); } while (0)
 #define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
 
@@ -210,4 +224,27 @@ VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     PACE(s);
     return CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
+}
+
+/* Synchronisation entry points: pass-through; with a compute limit active they note when the
+ * program last waited for the GPU (see close_slice). */
+VGPU_EXPORT CUresult cuCtxSynchronize(void) {
+    CUresult rc = CALL_REAL(CUresult(*)(void), cuCtxSynchronize);
+    SYNCED();
+    return rc;
+}
+VGPU_EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize, s);
+    SYNCED();
+    return rc;
+}
+VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize_ptsz, s);
+    SYNCED();
+    return rc;
+}
+VGPU_EXPORT CUresult cuEventSynchronize(CUevent e) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUevent), cuEventSynchronize, e);
+    SYNCED();
+    return rc;
 }

@@ -25,6 +25,7 @@
 #undef cuDeviceGetUuid
 #undef cuCtxCreate
 #undef cuDevicePrimaryCtxRelease
+#undef cuDevicePrimaryCtxReset
 #undef cuMemPrefetchAsync
 
 #define EXPORT __attribute__((visibility("default")))
@@ -106,13 +107,30 @@ static CUresult uuid_of(CUuuid *u, CUdevice d) {
 }
 EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { COUNT(); return uuid_of(u, d); }
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { COUNT(); return uuid_of(u, d); }
+/* Primary contexts are reference counted; the first retain takes FAKE_CTX_MIB (default 0)
+ * of the device's physical memory, the last release or a reset gives it back. */
+static int ctx_refs[FAKE_MAX_DEV];
+static uint64_t ctx_mib(void) { const char *s = getenv("FAKE_CTX_MIB"); return s ? strtoull(s, NULL, 10) : 0; }
+EXPORT uint64_t fake_ctx_bytes(int phys) { return phys >= 0 && phys < FAKE_MAX_DEV && ctx_refs[phys] ? ctx_mib() << 20 : 0; }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     COUNT(); NEED_INIT();
     if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_refs[visible[d]]++ == 0) atomic_fetch_add(&fake_phys()->used[visible[d]], ctx_mib() << 20);
     *c = (CUcontext)(uintptr_t)(0x1000 + d);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { COUNT(); return CUDA_SUCCESS; }
+static CUresult ctx_release(CUdevice d, int all) {
+    NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    int p = visible[d];
+    if (ctx_refs[p] == 0) return all ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    ctx_refs[p] = all ? 0 : ctx_refs[p] - 1;
+    if (ctx_refs[p] == 0) atomic_fetch_sub(&fake_phys()->used[p], ctx_mib() << 20);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { COUNT(); return ctx_release(d, 0); }
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) { COUNT(); return ctx_release(d, 0); }
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { COUNT(); return ctx_release(d, 1); }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     COUNT(); NEED_INIT();
     cur_dev = c ? (int)((uintptr_t)c - 0x1000) : -1;
@@ -291,7 +309,7 @@ typedef struct { const char *name; void *fn; int min_ver; } proc_t;
 static const proc_t procs[] = {
     P(cuInit, 2000), P(cuDriverGetVersion, 2020), P(cuDeviceGetCount, 2000), P(cuDeviceGet, 2000),
     P(cuDeviceGetUuid, 9020), P(cuDeviceGetUuid_v2, 11040), P(cuCtxGetDevice, 2000), P(cuCtxSetCurrent, 4000),
-    P(cuDevicePrimaryCtxRetain, 7000), P(cuCtxSynchronize, 2000),
+    P(cuDevicePrimaryCtxRetain, 7000), P(cuDevicePrimaryCtxRelease, 7000), P(cuDevicePrimaryCtxRelease_v2, 11000), P(cuCtxSynchronize, 2000),
     P(cuMemAlloc, 2000), P(cuMemAlloc_v2, 3020), P(cuMemFree, 2000), P(cuMemFree_v2, 3020),
     P(cuMemAllocPitch_v2, 3020), P(cuMemAllocManaged, 6000), P(cuMemAllocAsync, 11020), P(cuMemAllocAsync_ptsz, 11020),
     P(cuMemAllocFromPoolAsync, 11020), P(cuMemAllocFromPoolAsync_ptsz, 11020), P(cuMemFreeAsync, 11020),

@@ -3,6 +3,7 @@
  * of the same simulated card as fake_cuda.c (fake_state.h). NVML ignores
  * CUDA_VISIBLE_DEVICES, as the real one does.
  */
+#include <dlfcn.h>
 #include <string.h>
 #include "fake_state.h"
 
@@ -46,10 +47,19 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     m->total = cap; m->reserved = 5 << 20; m->used = used; m->free = used + m->reserved > cap ? 0 : cap - used - m->reserved;
     return 0;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, void *infos) {
+/* FAKE_NVML_PROCS other processes (pids 1000000+), plus this process with its context bytes
+ * when FAKE_NVML_SELF=1 (a container without its own PID namespace). */
+typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } proc_info_t;
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, proc_info_t *infos) {
     const char *s = getenv("FAKE_NVML_PROCS");
-    unsigned n = s ? (unsigned)atoi(s) : 0;
-    if (!infos && n) { *count = n; return 7; }
+    const char *self = getenv("FAKE_NVML_SELF");
+    unsigned others = s ? (unsigned)atoi(s) : 0, n = others + (self && *self == '1');
+    if (!infos || *count < n) { *count = n; return n ? 7 : 0; }
+    for (unsigned i = 0; i < others; i++) infos[i] = (proc_info_t){1000000 + i, 0, ~0u, ~0u};
+    if (n > others) {
+        uint64_t (*ctx)(int) = (uint64_t(*)(int))dlsym(RTLD_DEFAULT, "fake_ctx_bytes");
+        infos[others] = (proc_info_t){(unsigned)getpid(), ctx ? ctx(d->phys) : 0, ~0u, ~0u};
+    }
     *count = n;
     return 0;
 }

@@ -96,6 +96,10 @@ int main(int argc, char **argv) {
             OUT("cuinit %d", cuInit(0));
         } else if (!strcmp(op, "ctx")) {
             OUT("ctx %d", set_ctx(atoi(ARG(1)))); i++;
+        } else if (!strcmp(op, "ctxrelease")) {
+            OUT("ctxrelease %d", cuDevicePrimaryCtxRelease_v2(atoi(ARG(1)))); i++;
+        } else if (!strcmp(op, "ctxreset")) {
+            OUT("ctxreset %d", cuDevicePrimaryCtxReset_v2(atoi(ARG(1)))); i++;
         } else if (!strcmp(op, "count")) {
             int n = -1; r = cuDeviceGetCount(&n); OUT("count %d %d", r, n);
         } else if (!strcmp(op, "alloc") || !strcmp(op, "managed") || !strcmp(op, "async") ||
@@ -198,6 +202,10 @@ int main(int argc, char **argv) {
             r = CUDA_SUCCESS;
             for (int k = 0; k < n && !r; k++) r = cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
             OUT("launch %d", r);
+        } else if (!strcmp(op, "timed_launch")) {
+            uint64_t t0 = now_ns();
+            r = cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            OUT("timed_launch %d %llu", r, (unsigned long long)(now_ns() - t0));
         } else if (!strcmp(op, "burn")) {
             /* launch modelled kernels for <ms> of wall time, syncing every 4 like the torch probe */
             uint64_t (*busy)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fake_busy_ns");

@@ -9,6 +9,7 @@ container by container, as kubelet does.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import stat
@@ -435,7 +436,9 @@ async def test_registration_annotation_and_handshake(apiserver, kube, kubelet, p
     assert re.fullmatch(r"Reported_\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", annos[ann.NVIDIA_HANDSHAKE])
     # Unchanged inventory: the 30 s re-check (0.5 s here) does not patch again.
     rv = apiserver.store.get("nodes", NODE)["metadata"]["resourceVersion"]
-    time.sleep(1.2)
+    # Not time.sleep: that would block the event loop the plugin runs on, so no re-check could happen
+    # and the assertion below could never fail (QA finding).
+    await asyncio.sleep(1.2)
     assert apiserver.store.get("nodes", NODE)["metadata"]["resourceVersion"] == rv
     # The scheduler asks again (Requesting_...): answered with Reported_.
     kube.patch_node_annotations(NODE, {ann.NVIDIA_HANDSHAKE: "Requesting_2026-01-01 00:00:00"})
@@ -543,3 +546,72 @@ async def test_reuse_does_not_excuse_ids_never_served_to_an_init_container(apise
     assert cards_of(ids) == [A]
     with pytest.raises(AdmissionError, match="kubelet did not follow the preferred allocation"):
         await kubelet.allocate(RESOURCE, [f"{A}-9"])
+
+
+# ----- QA regressions: concurrency and which container an Allocate is for
+
+
+async def test_concurrent_allocate_calls_for_one_pod_get_distinct_entries(apiserver, kube, kubelet, plugin):
+    # Both containers on card A, so whichever call the plugin takes first is a valid first container;
+    # serialisation must still hand out each entry exactly once.
+    schedule(apiserver, kube, "pair", [("c1", [dev(A, 1000, 10)]), ("c2", [dev(A, 2000, 20)])])
+    r1, r2 = await asyncio.gather(
+        kubelet.allocate(RESOURCE, [f"{A}-0"]), kubelet.allocate(RESOURCE, [f"{A}-1"])
+    )
+    got = sorted(
+        (env_of(r)["NVIDIA_VISIBLE_DEVICES"], env_of(r)["CUDA_DEVICE_MEMORY_LIMIT_0"]) for r in (r1, r2)
+    )
+    assert got == [(A, "1000m"), (A, "2000m")]
+    assert env_of(r1)["CUDA_DEVICE_MEMORY_SHARED_CACHE"] != env_of(r2)["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    annos = pod_annos(apiserver, "pair")
+    assert (annos[ann.NVIDIA_TO_ALLOCATE], annos[ann.BIND_PHASE]) == (";;", "success")
+    assert ann.NODE_LOCK not in node_annos(apiserver)
+
+
+async def test_a_device_container_without_a_recorded_entry_is_refused_not_given_the_next_one(
+    apiserver, kube, kubelet, plugin
+):
+    # Both containers limit nvidia.com/gpu: 1 but the record has an entry only for the second. kubelet's
+    # Allocate for the first container used to be served with the second container's card and limits.
+    value = f";{B},NVIDIA,2000,20:;"
+    schedule(
+        apiserver, kube, "gap", [("c1", [dev(A, 1000, 10)]), ("c2", [dev(B, 2000, 20)])], to_allocate=value
+    )
+    with pytest.raises(AdmissionError) as err:
+        await kubelet.allocate(RESOURCE, [f"{B}-0"])
+    assert str(err.value) == (
+        "Allocate failed due to pod default/gap container c1: limits nvidia.com/gpu=1 but the scheduler "
+        "recorded no card for it in hami.io/vgpu-devices-to-allocate; refusing to guess whose cards it gets, "
+        "which is unexpected"
+    )
+    assert pod_annos(apiserver, "gap")[ann.BIND_PHASE] == "failed"
+    assert ann.NODE_LOCK not in node_annos(apiserver)
+    assert 'allocation_errors_total{reason="bad_annotation"} 1.0' in plugin.metrics.render().decode()
+
+
+async def test_cards_recorded_for_a_container_without_the_limit_are_refused(apiserver, kube, kubelet, plugin):
+    # kubelet never calls Allocate for a container without the limit, so the pod could never reach
+    # bind-phase success and its lock would block the node until it expires.
+    pod = schedule(apiserver, kube, "nolimit", [("c1", [dev(A, 1000, 10)]), ("c2", [])],
+                   to_allocate=f"{A},NVIDIA,1000,10:;{B},NVIDIA,500,5:;")  # fmt: skip
+    assert "resources" not in pod["spec"]["containers"][1]
+    with pytest.raises(AdmissionError) as err:
+        await kubelet.admit_container(RESOURCE, 1)
+    assert str(err.value) == (
+        "Allocate failed due to pod default/nolimit container c2: the scheduler recorded card(s) "
+        "['GPU-bbbb'] but the container does not limit nvidia.com/gpu, so kubelet will never allocate them, "
+        "which is unexpected"
+    )
+    assert ann.NODE_LOCK not in node_annos(apiserver)
+
+
+async def test_served_containers_still_count_as_recorded_for_the_next_allocate(
+    apiserver, kube, kubelet, plugin
+):
+    # The check above must not mistake a served (emptied) entry for a missing one.
+    schedule(apiserver, kube, "three", [("c1", [dev(A, 100, 1)]), ("web", []), ("c3", [dev(B, 300, 3)])])
+    _, r1 = await kubelet.admit_container(RESOURCE, 1)
+    assert pod_annos(apiserver, "three")[ann.NVIDIA_TO_ALLOCATE] == f";;{B},NVIDIA,300,3:;"
+    _, r3 = await kubelet.admit_container(RESOURCE, 1)
+    assert [env_of(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] for r in (r1, r3)] == ["100m", "300m"]
+    assert pod_annos(apiserver, "three")[ann.BIND_PHASE] == "success"

@@ -35,7 +35,9 @@ def test_default_run_prints_the_summary():
     p = hami("simulate", "--no-progress")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0] == "hami simulate - fill mode: pods drawn with seed 0 until arrived GPU demand reached 130%"
+    assert (
+        lines[0] == "hami simulate - fill mode: pods drawn with seed 0 until arrived GPU demand reached 130%"
+    )
     assert lines[1].startswith("cluster: 200 nodes, ")
     assert lines[2] == "workload: 3000 pods from built-in generator (seed 0, 3000 pods)"
     assert lines[6].split()[0] == "binpack/spread"
@@ -51,7 +53,13 @@ def test_json_has_the_documented_fields():
         "memory_allocation_ratio", "first_failure_arrival", "elapsed_s", "allocation_at_arrival",
     ):  # fmt: skip
         assert key in j, key
-    assert (j["policy"], j["node_policy"], j["card_policy"], j["mode"], j["nodes"]) == ("spread", "spread", "spread", "fill", 16)
+    assert (j["policy"], j["node_policy"], j["card_policy"], j["mode"], j["nodes"]) == (
+        "spread",
+        "spread",
+        "spread",
+        "fill",
+        16,
+    )
     assert j["scheduled"] + j["failed"] == j["pods"]
     assert [c["arrival"] for c in j["allocation_at_arrival"]][-1] == 130.0
 
@@ -71,17 +79,27 @@ def test_compare_json_placements_and_report(tmp_path):
     rows = list(csv.DictReader(out.open()))
     assert {r["policy"] for r in rows} == set(j)
     assert sum(1 for r in rows if r["policy"] == "spread" and r["reason"]) == j["spread"]["failed"]
-    assert sorted(x.name for x in rep.iterdir()) == ["allocation_vs_arrival.png", "model_utilisation.png", "summary.json"]
+    assert sorted(x.name for x in rep.iterdir()) == [
+        "allocation_vs_arrival.png",
+        "model_utilisation.png",
+        "summary.json",
+    ]
     assert json.loads((rep / "summary.json").read_text()) == j
 
 
 def test_node_and_card_policy_flags():
-    args = build_parser().parse_args(["simulate", *SMALL, "--node-policy", "spread", "--card-policy", "numa,binpack"])
+    args = build_parser().parse_args(
+        ["simulate", *SMALL, "--node-policy", "spread", "--card-policy", "numa,binpack"]
+    )
     out = io.StringIO()
     args.json = True
     assert run_simulate(args, stdout=out, stderr=io.StringIO()) == 0
     j = json.loads(out.getvalue())
-    assert (j["policy"], j["node_policy"], j["card_policy"]) == ("spread/numa+binpack", "spread", "numa,binpack")
+    assert (j["policy"], j["node_policy"], j["card_policy"]) == (
+        "spread/numa+binpack",
+        "spread",
+        "numa,binpack",
+    )
 
 
 class FakeTTY(io.StringIO):
@@ -110,24 +128,57 @@ def test_yaml_input(tmp_path):
         "nvidia.com/gpucores: 25}}}]}\n"
     )
     out = tmp_path / "p.csv"
-    p = hami("simulate", "--nodes", str(nodes), "--pods", str(pods), "--mode", "trace", "--json", "--placements", str(out))
+    p = hami(
+        "simulate",
+        "--nodes",
+        str(nodes),
+        "--pods",
+        str(pods),
+        "--mode",
+        "trace",
+        "--json",
+        "--placements",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["scheduled"] == 1
-    assert list(csv.reader(out.open()))[1] == ["a", "c", "g1", "GPU-1", "NVIDIA-T4", "4096", "25", "", "binpack/spread"]
+    assert list(csv.reader(out.open()))[1] == [
+        "a",
+        "c",
+        "g1",
+        "GPU-1",
+        "NVIDIA-T4",
+        "4096",
+        "25",
+        "",
+        "binpack/spread",
+    ]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--policy", "fastest"], "hami: error: policy 'fastest' is not a policy; valid: binpack, spread, numa"),
-        (["--compare", "binpack", "--policy", "spread"], "hami: error: --compare: give the policies in the list"),
+        (
+            ["--policy", "fastest"],
+            "hami: error: policy 'fastest' is not a policy; valid: binpack, spread, numa",
+        ),
+        (
+            ["--compare", "binpack", "--policy", "spread"],
+            "hami: error: --compare: give the policies in the list",
+        ),
         (["--arrival", "0"], "hami: error: --arrival: 0 must be a percent > 0 (e.g. 130)"),
         (["--mode", "replay"], "hami simulate: argument --mode: invalid choice: 'replay'"),
         (["--seed", "x"], "hami simulate: argument --seed: invalid int value: 'x'"),
-        (["--nodes", "/nonexistent/n.csv"], "hami: error: /nonexistent/n.csv: cannot read: No such file or directory"),
+        (
+            ["--nodes", "/nonexistent/n.csv"],
+            "hami: error: /nonexistent/n.csv: cannot read: No such file or directory",
+        ),
         (["--gpu-models", "T4"], "hami: error: --gpu-models: 'T4' must be MODEL=MiB"),
         (["--generate", "0,5"], "hami: error: --generate: '0,5' must be NODES,PODS"),
-        (["--placements", "/nonexistent/dir/p.csv"], "hami: error: --placements: directory /nonexistent/dir does not exist"),
+        (
+            ["--placements", "/nonexistent/dir/p.csv"],
+            "hami: error: --placements: directory /nonexistent/dir does not exist",
+        ),
     ],
 )
 def test_errors_are_one_line_and_exit_2(args, message, capsys):
@@ -153,7 +204,9 @@ def test_trace_mode_without_times_is_an_error(tmp_path):
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1000,1,500\n")
     p = hami("simulate", "--pods", str(pods), "--mode", "trace", "--generate", "4,10")
     assert p.returncode == 2
-    assert p.stderr.startswith("hami: error: --mode trace needs a creation time for every pod; 1 pods have none (first: a)")
+    assert p.stderr.startswith(
+        "hami: error: --mode trace needs a creation time for every pod; 1 pods have none (first: a)"
+    )
 
 
 def test_no_subcommand_prints_help_and_exits_2(capsys):
@@ -182,7 +235,15 @@ def test_openb_trace_placements_respect_every_card_limit(tmp_path):
     with pods.open() as f:
         for row in csv.DictReader(f):
             spec[row["name"]] = [m for m in row["gpu_spec"].split("|") if m]
-    mem = {"P100": 16384, "T4": 15360, "V100M16": 16384, "V100M32": 32768, "A10": 24576, "G2": 32768, "G3": 81920}
+    mem = {
+        "P100": 16384,
+        "T4": 15360,
+        "V100M16": 16384,
+        "V100M32": 32768,
+        "A10": 24576,
+        "G2": 32768,
+        "G3": 81920,
+    }
     used = defaultdict(lambda: [0, 0, 0])
     per_container = defaultdict(list)
     constrained = 0

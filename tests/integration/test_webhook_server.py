@@ -135,6 +135,9 @@ async def test_healthz_and_metrics(server: Server) -> None:
         ),
         (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {}}),
          "request.uid is missing or empty"),
+        # QA regression: nesting past the recursion limit was an aiohttp 500 "Server got itself in trouble".
+        (b"[" * 100_000, "body is not a usable AdmissionReview: JSON nested too deeply"),
+        ('{"a":' * 5000 + "1" + "}" * 5000, "body is not a usable AdmissionReview: JSON nested too deeply"),
     ],
 )  # fmt: skip
 async def test_bad_bodies_get_400_and_server_stays_up(server: Server, body: bytes | str, error: str) -> None:
@@ -154,6 +157,23 @@ async def test_oversized_body_and_wrong_method(server: Server) -> None:
             assert resp.status == 405
     request, _ = golden_request("no-device-pod")
     assert (await post(server, "/mutate", json.dumps(request)))[0] == 200
+
+
+async def test_unreadable_body_encoding_is_a_400_not_a_500(server: Server) -> None:
+    # QA regression: a Content-Encoding the body does not match made aiohttp answer 500 with its own text.
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            server.url + "/mutate",
+            data=b"not gzip at all",
+            headers={"Content-Type": "application/json", "Content-Encoding": "gzip"},
+            ssl=server.client_ssl(),
+        ) as resp:
+            assert (resp.status, resp.headers.get("Content-Type")) == (400, "application/json")
+            error = (await resp.json())["error"]
+    assert error.startswith("body could not be read: ") and "gzip" in error
+    request, expected = golden_request("bare-gpu-exclusive")
+    status, _, text = await post(server, "/mutate", json.dumps(request))
+    assert status == 200 and json.loads(text) == expected
 
 
 async def peer_serial(server: Server, *cas: CA) -> int:

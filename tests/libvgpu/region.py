@@ -27,6 +27,7 @@ class Slot:
     pid: int
     used: tuple[int, ...]
     data: tuple[int, ...]
+    context: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -61,5 +62,6 @@ def read_region(path: Path) -> Region:
         (pid,) = struct.unpack_from("<i", raw, at)
         used = struct.unpack_from("<16Q", raw, at + 16)
         data = struct.unpack_from("<16Q", raw, at + 144)
-        slots.append(Slot(pid, used, data))
+        context = struct.unpack_from("<16Q", raw, at + 272)
+        slots.append(Slot(pid, used, data, context))
     return Region(magic, major, minor, count, priority, devices, slots)

@@ -138,3 +138,39 @@ class TestReportedSizes:
     def test_nvml_only_process_sees_the_limit(self, cli):
         r = cli.run("nvmlmem", "0", env=LIMIT)
         assert r.op(0) == ["nvmlmem", "0", str(64 * MIB), "0", str(64 * MIB)]
+
+
+class TestContextCharge:
+    """The primary context's memory counts against the limit, apart from allocations."""
+
+    CTX = {**LIMIT, "CUDA_DEVICE_MEMORY_LIMIT": "1g", "FAKE_CTX_MIB": "300"}
+
+    def test_measured_from_device_growth(self, cli):
+        r = cli.run("init", "meminfo", "alloc", "724m", "alloc", "1", env=self.CTX)
+        assert r.op(1) == ["meminfo", "0", str(724 * MIB), str(1024 * MIB)]
+        assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+
+    def test_measured_from_own_nvml_entry_despite_neighbours(self, cli):
+        r = cli.run("init", "meminfo", env={**self.CTX, "FAKE_NVML_SELF": "1", "FAKE_NVML_PROCS": "2"})
+        assert r.op(1) == ["meminfo", "0", str(724 * MIB), str(1024 * MIB)]
+
+    def test_given_back_at_last_release_and_reset(self, cli):
+        r = cli.run(
+            "init", "ctx", "0", "ctxrelease", "0", "meminfo", "ctxrelease", "0", "meminfo",
+            "ctx", "0", "meminfo", "ctxreset", "0", "meminfo", env=self.CTX,
+        )  # fmt: skip
+        charged, free = (
+            ["meminfo", "0", str(724 * MIB), str(1024 * MIB)],
+            ["meminfo", "0", str(1024 * MIB), str(1024 * MIB)],
+        )
+        assert r.op(3) == charged  # one of two references released: still charged
+        assert r.op(5) == free  # last reference released
+        assert r.op(7) == charged  # re-created
+        assert r.op(9) == free  # reset
+
+    def test_context_above_the_limit_reads_zero_free_not_an_error(self, cli):
+        env = {**self.CTX, "CUDA_DEVICE_MEMORY_LIMIT": "200m"}
+        r = cli.run("init", "meminfo", "nvmlmem", "0", "alloc", "1", env=env)
+        assert r.op(1) == ["meminfo", "0", "0", str(200 * MIB)]  # core#200, HAMi#1370
+        assert r.op(2) == ["nvmlmem", "0", str(200 * MIB), str(300 * MIB), "0"]
+        assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]

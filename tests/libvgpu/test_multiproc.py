@@ -124,7 +124,13 @@ def test_visible_devices_subset_charges_the_physical_device(cli):
 
 def test_region_layout_for_the_monitor(cli):
     holder = cli.popen(
-        "init", "alloc", "10m", "managed", "2m", "hold", env={**LIMIT, "CUDA_TASK_PRIORITY": "0"}
+        "init",
+        "alloc",
+        "10m",
+        "managed",
+        "2m",
+        "hold",
+        env={**LIMIT, "CUDA_TASK_PRIORITY": "0", "FAKE_CTX_MIB": "20"},
     )
     wait_line(holder, "hold")
     region = read_region(cli.cache)
@@ -138,4 +144,13 @@ def test_region_layout_for_the_monitor(cli):
         "GPU-face0000-0000-0000-0000-000000000000", 64 * MIB, 100, 0)  # fmt: skip
     mine = [s for s in region.slots if s.pid == holder.pid]
     assert len(mine) == 1
-    assert mine[0].used[0] == 12 * MIB and mine[0].data[0] == 12 * MIB
+    assert (mine[0].used[0], mine[0].data[0], mine[0].context[0]) == (32 * MIB, 12 * MIB, 20 * MIB)
+
+
+def test_foreign_region_file_is_left_alone_and_limits_still_hold(cli):
+    hami = (19920718).to_bytes(4, "little") + bytes(2008948)  # a HAMi-core 1.x region
+    cli.cache.write_bytes(hami)
+    r = cli.run("init", "alloc", "64m", "alloc", "1", env=LIMIT)
+    assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert "unusable (magic 0x12ff74e major 0" in r.error_lines()[0]
+    assert cli.cache.read_bytes() == hami

@@ -96,3 +96,13 @@ def test_node_agent_block_flag_holds_launches(cli):
         struct.pack_into("<i", m, 44, 0)
         out, err = p.communicate(timeout=5)
     assert parse(p.returncode, out, err).codes("launch") == [0]
+
+
+def test_idle_time_is_not_charged_as_busy(cli):
+    # 300 ms of work, then the program idles for 600 ms (after its own synchronise): the next
+    # launch must not pay for the idle time (it would wait ~0.9 s if it did).
+    r = cli.run(
+        "init", "burn", "300", "sleep", "600", "timed_launch", env={**FAST, "CUDA_DEVICE_SM_LIMIT": "50"}
+    )
+    assert r.codes("timed_launch") == [0]
+    assert int(r.lines[-1][2]) < 100_000_000

@@ -382,6 +382,38 @@ def test_cli_requires_node_name(monkeypatch, capsys):
     assert "--node-name (or env NODE_NAME) is required" in capsys.readouterr().err
 
 
+def test_cli_busy_metrics_port_is_one_line_exit_1(monkeypatch, capsys, tmp_path):
+    # QA regression: an OSError at start (busy port, unusable socket dir) ended in a traceback.
+    import socket
+
+    from device_plugin.cli import main
+
+    cards = tmp_path / "cards.yaml"
+    cards.write_text("cards:\n  - {uuid: GPU-a, index: 0, model: T4, memory_mib: 1024}\n")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["--backend", "fake", "--fake-config", str(cards), "--node-name", "n", "--no-kube",
+                   "--socket-dir", str(tmp_path / "dp"), "--metrics-host", "127.0.0.1",
+                   "--metrics-port", str(port)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.startswith("hami-device-plugin: cannot start: ") and "address already in use" in err.lower()
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_cli_bad_metrics_port_env_is_a_usage_error(monkeypatch, capsys):
+    # QA regression: METRICS_PORT=abc raised ValueError with a traceback while building the parser.
+    from device_plugin.cli import main
+
+    monkeypatch.setenv("METRICS_PORT", "abc")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--node-name", "n"])
+    assert exit_.value.code == 2
+    assert "argument --metrics-port: invalid int value: 'abc'" in capsys.readouterr().err
+
+
 def test_module_path():
     # the stubs live inside the package and import it absolutely (see generate.py)
     assert Path(pb.__file__).parent.name == "api"
@@ -448,8 +480,14 @@ def test_prefer_leaves_unavailable_cards_to_kubelet():
             [{"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}}}],
             False,
         ),
+        # QA regression: duplicates were decided by the first entry, but kubelet lets the last one win.
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": "false"}, {"name": "CUDA_DISABLE_CONTROL", "value": "true"}],
+         True),
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}, {"name": "CUDA_DISABLE_CONTROL", "value": "false"}],
+         False),
+        ([{"name": "CUDA_DISABLE_CONTROL", "value": " true"}], False),  # Go ParseBool does not trim
     ],
-)
+)  # fmt: skip
 def test_disable_control_is_read_by_value(env, want):
     from device_plugin.allocator import _env_true
 

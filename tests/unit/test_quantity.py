@@ -7,7 +7,7 @@ from hami.quantity import parse_quantity, to_count, to_mib, to_percent
 @pytest.mark.parametrize(
     ("value", "mib"),
     [("8000", 8000), (8000, 8000), ("16Gi", 16384), ("1Ti", 1048576), ("512Mi", 512), ("1048576Ki", 1024),
-     ("0", 0), ("2Gi", 2048), ("2097152k", 2000)],
+     ("0", 0), ("2Gi", 2048), ("20k", 20000), ("24k", 24000), ("1e3", 1000), ("8000000m", 8000)],
 )  # fmt: skip
 def test_to_mib_converts_units_exactly(value, mib):
     assert to_mib(value, resource="nvidia.com/gpumem") == mib
@@ -16,7 +16,8 @@ def test_to_mib_converts_units_exactly(value, mib):
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ("1000M", "953.674 MiB, not a whole number of MiB"),
+        ("3000M", "larger than 2147483647 MiB"),
+        ("1000001Ki", "976.563 MiB, not a whole number of MiB"),
         ("-1", "negative"),
         ("1.5", "not a whole number of MiB"),
         ("16 Gi", "not a Kubernetes quantity"),
@@ -31,6 +32,17 @@ def test_to_mib_rejects_with_resource_name(value, fragment):
         to_mib(value, resource="nvidia.com/gpumem")
     assert str(e.value).startswith("nvidia.com/gpumem: ")
     assert fragment in str(e.value)
+
+
+def test_canonical_k_suffix_is_mib_and_mega_suffix_is_bytes_only_per_card():
+    # The API server writes a bare 20000 as "20k" and a bare 2000000 as "2M" (canonical form).
+    assert to_mib("20k", resource="c: nvidia.com/gpumem", per_card=True) == 20000
+    assert to_mib("2M", resource="limits.nvidia.com/gpumem") == 2000000
+    with pytest.raises(InvalidRequest, match=r"^c: nvidia.com/gpumem: '1000M' is 953.674 MiB, not a whole"):
+        to_mib("1000M", resource="c: nvidia.com/gpumem", per_card=True)
+    with pytest.raises(InvalidRequest, match=r"'16G' is 15258.789 MiB"):
+        to_mib("16G", resource="c: nvidia.com/gpumem", per_card=True)
+    assert to_mib("16384M", resource="c: nvidia.com/gpumem", per_card=True) == 15625
 
 
 def test_to_mib_unit_multiplier_for_vendors_counting_in_blocks():

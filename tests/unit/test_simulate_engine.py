@@ -26,7 +26,13 @@ SPREAD = Policy("spread", "spread")
 
 def node(name, gpus=1, model="T4", cpu=64000, mem=262144):
     return gpu_node(
-        name, cpu_milli=cpu, memory_mib=mem, gpus=gpus, model=model, card_mib=DEFAULT_GPU_MODELS.get(model, 0), config=CFG
+        name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=gpus,
+        model=model,
+        card_mib=DEFAULT_GPU_MODELS.get(model, 0),
+        config=CFG,
     )
 
 
@@ -58,7 +64,9 @@ def test_fill_stops_at_the_arrival_target_and_reports_the_first_failure():
         (60.0, 1.0), (70.0, 1.0), (80.0, 1.0), (90.0, 1.0), (100.0, 1.0),
         (110.0, 1.0), (120.0, 1.0), (130.0, 1.0),
     ]  # fmt: skip
-    assert [(p.pod, p.node, p.card_uuid, p.card_model, p.mem_mib, p.cores, p.reason) for p in r.placements] == [
+    assert [
+        (p.pod, p.node, p.card_uuid, p.card_model, p.mem_mib, p.cores, p.reason) for p in r.placements
+    ] == [
         ("half", "n1", "GPU-n1-0", "NVIDIA-T4", 7680, 50, ""),
         ("half-2", "n1", "GPU-n1-0", "NVIDIA-T4", 7680, 50, ""),
         ("half-3", "", "", "", None, None, "0/1 nodes fit: 1 CardInsufficientMemory"),
@@ -88,7 +96,9 @@ def test_same_seed_same_pod_stream_for_every_policy():
 
 
 def test_unknown_model_pod_fails_with_its_reason_without_reaching_the_filter():
-    w = Workload([node("n1", gpus=4)], [pod("x", spec=["H100"], created=0, deleted=5), pod("ok", created=1, deleted=6)])
+    w = Workload(
+        [node("n1", gpus=4)], [pod("x", spec=["H100"], created=0, deleted=5), pod("ok", created=1, deleted=6)]
+    )
     r = run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE, placements=True)
     assert (r.scheduled, r.failed, r.failed_gpu_pods) == (1, 1, 1)
     assert r.placements[0].reason.startswith("unknown GPU model H100 in gpu_spec (known: A10, G2")
@@ -140,7 +150,12 @@ def test_trace_deletion_frees_the_card_through_the_core():
         ],
     )
     r = run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE, placements=True)
-    assert [(p.pod, p.node) for p in r.placements] == [("first", "n1"), ("blocked", ""), ("after", "n1"), ("instant", "n1")]
+    assert [(p.pod, p.node) for p in r.placements] == [
+        ("first", "n1"),
+        ("blocked", ""),
+        ("after", "n1"),
+        ("instant", "n1"),
+    ]
     assert (r.scheduled, r.failed, r.deleted) == (3, 1, 3)
     assert (r.peak_gpu_allocation_ratio, r.peak_time) == (1.0, 0.0)
     assert (r.gpu_allocation_ratio, r.memory_allocation_ratio) == (0.0, 0.0)
@@ -150,7 +165,9 @@ def test_trace_deletion_frees_the_card_through_the_core():
 
 def test_trace_mode_needs_creation_times():
     w = Workload([node("n1")], [pod("a")])
-    with pytest.raises(InvalidRequest, match=r"--mode trace needs a creation time for every pod; 1 pods have none"):
+    with pytest.raises(
+        InvalidRequest, match=r"--mode trace needs a creation time for every pod; 1 pods have none"
+    ):
         run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE)
     with pytest.raises(InvalidRequest, match="no GPU"):
         run(Workload([node("c", gpus=0)], [pod("a")]), config=CFG, policy=BINPACK)
@@ -159,7 +176,9 @@ def test_trace_mode_needs_creation_times():
 
 
 @pytest.mark.parametrize("mode", [Mode.FILL, Mode.TRACE])
-@pytest.mark.parametrize("policy", [BINPACK, SPREAD, Policy("binpack", "numa,binpack"), Policy("spread", "mutex")])
+@pytest.mark.parametrize(
+    "policy", [BINPACK, SPREAD, Policy("binpack", "numa,binpack"), Policy("spread", "mutex")]
+)
 def test_generated_replay_never_overcommits_and_matches_the_core_view(mode, policy):
     w = generate_default(config=CFG, seed=2, nodes=24, pods=400)
     r = run(w, config=CFG, policy=policy, mode=mode, arrival=120, seed=2, placements=True)
@@ -210,7 +229,9 @@ def test_parse_policy():
     assert parse_policy("spread/numa+binpack").label == "spread/numa+binpack"
     assert parse_policy("spread").label == "spread"
     for bad in ("fastest", "numa/binpack", "binpack/", "binpack/fast"):
-        with pytest.raises(InvalidRequest, match=f"policy '{bad}' is not a policy; valid: binpack, spread, numa"):
+        with pytest.raises(
+            InvalidRequest, match=f"policy '{bad}' is not a policy; valid: binpack, spread, numa"
+        ):
             parse_policy(bad)
 
 
@@ -238,3 +259,20 @@ def test_fractional_pod_holds_its_share_in_the_core():
     snap = r.state.usage_snapshot()
     # 32 % of a T4's 15360 MiB, 32 % of its cores, one slot.
     assert snap == {"n1": {"GPU-n1-0": (1, 4915, 32)}}
+
+
+def test_core_warnings_are_counted_per_pod(tmp_path):
+    from hami.simulate import kubeyaml
+
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        "kind: Pod\nmetadata: {name: a, annotations: {hami.io/gpu-scheduler-policy: tightest}}\n"
+        "spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpucores: 50}}}]}\n"
+    )
+    w = Workload([node("n1", gpus=2)], kubeyaml.load_pods(f, config=CFG))
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=100)
+    assert r.scheduled == 2
+    assert r.warnings == {
+        "hami.io/gpu-scheduler-policy: unknown policy 'tightest'; valid: binpack, spread, numa, mutex, "
+        "topology-aware or a comma chain of them such as 'binpack,numa'; using the default 'binpack'": 4
+    }

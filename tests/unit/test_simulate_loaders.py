@@ -47,7 +47,10 @@ def test_openb_node_registers_cards_as_the_device_plugin_would(tmp_path):
 
 def test_openb_node_uses_split_count_and_scaling_from_the_device_config(tmp_path):
     cfg = load_config(
-        {"nvidia": {"deviceSplitCount": 4, "deviceMemoryScaling": 2}, "nodeconfig": [{"name": "b", "devicesplitcount": 7}]}
+        {
+            "nvidia": {"deviceSplitCount": 4, "deviceMemoryScaling": 2},
+            "nodeconfig": [{"name": "b", "devicesplitcount": 7}],
+        }
     )
     p = write(tmp_path, "n.csv", NODE_HEADER + "a,1000,1000,1,T4\nb,1000,1000,1,T4\n")
     a, b = openb.load_nodes(p, config=cfg)
@@ -86,7 +89,9 @@ def test_openb_node_malformed_rows(tmp_path, row, message):
 
 def test_openb_node_file_errors(tmp_path):
     p = write(tmp_path, "n.csv", "sn,cpu,memory_mib,gpu,model\n")
-    with pytest.raises(TraceError, match=r"n.csv:1: header lacks column cpu_milli; expected columns sn, cpu_milli"):
+    with pytest.raises(
+        TraceError, match=r"n.csv:1: header lacks column cpu_milli; expected columns sn, cpu_milli"
+    ):
         openb.load_nodes(p, config=CFG)
     dup = write(tmp_path, "d.csv", NODE_HEADER + "a,1,1,0,\na,1,1,0,\n")
     with pytest.raises(TraceError, match=r"d.csv:3: column 1 \(sn\): duplicate node 'a' \(first on line 2\)"):
@@ -114,7 +119,11 @@ def test_openb_pod_request_mapping(tmp_path):
         + "cpu,4000,8192,0,0,,BE,Running,1,2,1\n",
     )
     frac, whole, multi, cpu = openb.load_pods(p, config=CFG)
-    assert limits(frac) == {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "46", "nvidia.com/gpucores": "46"}
+    assert limits(frac) == {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem-percentage": "46",
+        "nvidia.com/gpucores": "46",
+    }
     assert frac.obj["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "6000m", "memory": "12288Mi"}
     assert (frac.gpu_demand, frac.creation_time, frac.deletion_time) == (0.46, 10.0, 20.0)
     assert limits(whole) == {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}
@@ -152,11 +161,20 @@ def test_openb_pod_with_unknown_model_is_unplaceable_not_an_error(tmp_path):
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ("x,1000,1000,1,1001,,LS,Running,0,1,0", "column 5 (gpu_milli): 1001 is out of range; valid: 0..1000"),
+        (
+            "x,1000,1000,1,1001,,LS,Running,0,1,0",
+            "column 5 (gpu_milli): 1001 is out of range; valid: 0..1000",
+        ),
         ("x,1000,1000,0,500,,LS,Running,0,1,0", "column 5 (gpu_milli): 500 on a row with num_gpu 0"),
-        ("x,1000,1000,2,0,,LS,Running,0,1,0", "column 5 (gpu_milli): 0 on a row with num_gpu 2; valid: 1..1000"),
+        (
+            "x,1000,1000,2,0,,LS,Running,0,1,0",
+            "column 5 (gpu_milli): 0 on a row with num_gpu 2; valid: 1..1000",
+        ),
         ("x,1000,1000,one,500,,LS,Running,0,1,0", "column 4 (num_gpu): 'one' is not an integer"),
-        ("x,1000,1000,1,500,,LS,Running,abc,1,0", "column 9 (creation_time): 'abc' is not a number of seconds"),
+        (
+            "x,1000,1000,1,500,,LS,Running,abc,1,0",
+            "column 9 (creation_time): 'abc' is not a number of seconds",
+        ),
         ("x,1000,1000,1,500,,LS,Running,10,5,0", "column 10 (deletion_time): 5 is before creation_time 10"),
     ],
 )
@@ -238,7 +256,13 @@ def test_yaml_nodes(tmp_path):
     gpu, cpu = kubeyaml.load_nodes(write(tmp_path, "n.yaml", NODES_YAML), config=CFG)
     assert (gpu.name, gpu.cpu_milli, gpu.memory_mib, gpu.max_pods) == ("gpu-1", 16000, 65536, 30)
     assert [(c.uuid, c.devmem, c.type) for c in gpu.cards] == [("GPU-a", 24576, "NVIDIA-A10")]
-    assert (cpu.name, cpu.cpu_milli, cpu.memory_mib, cpu.max_pods, cpu.cards) == ("cpu-1", 4000, 1024, 110, ())
+    assert (cpu.name, cpu.cpu_milli, cpu.memory_mib, cpu.max_pods, cpu.cards) == (
+        "cpu-1",
+        4000,
+        1024,
+        110,
+        (),
+    )
 
 
 def test_yaml_pods_are_mutated_like_the_webhook_does(tmp_path):
@@ -259,13 +283,17 @@ def test_yaml_errors_name_file_line_and_field(tmp_path):
     bad_reg = NODES_YAML.replace('"devmem":24576', '"devmem":"lots"')
     with pytest.raises(TraceError) as e:
         kubeyaml.load_nodes(write(tmp_path, "n.yaml", bad_reg), config=CFG)
-    assert str(e.value).startswith(f"{tmp_path / 'n.yaml'}:1: Node gpu-1: annotation hami.io/node-nvidia-register:")
+    assert str(e.value).startswith(
+        f"{tmp_path / 'n.yaml'}:1: Node gpu-1: annotation hami.io/node-nvidia-register:"
+    )
     assert "'devmem' must be an integer" in str(e.value)
     bad_q = PODS_YAML.replace("nvidia.com/gpumem: 8Gi", "nvidia.com/gpumem: 8Gx")
     with pytest.raises(TraceError, match=r"p.yaml:1: Pod train: container main: .*nvidia.com/gpumem.*'8Gx'"):
         kubeyaml.load_pods(write(tmp_path, "p.yaml", bad_q), config=CFG)
     second = PODS_YAML.replace('creationTimestamp: "2024-01-01T00:00:00Z"', "creationTimestamp: yesterday")
-    with pytest.raises(TraceError, match=r"p.yaml:21: Pod whole: creationTimestamp: 'yesterday' is not an RFC 3339"):
+    with pytest.raises(
+        TraceError, match=r"p.yaml:21: Pod whole: creationTimestamp: 'yesterday' is not an RFC 3339"
+    ):
         kubeyaml.load_pods(write(tmp_path, "p.yaml", second), config=CFG)
     with pytest.raises(TraceError, match=r"x.yaml:2: invalid YAML"):
         kubeyaml.load_pods(write(tmp_path, "x.yaml", "kind: Pod\n  bad: [\n"), config=CFG)

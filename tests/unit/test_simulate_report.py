@@ -29,7 +29,15 @@ def small_workload() -> Workload:
 
 def fill_run(policy=Policy("binpack", "binpack"), placements=True):
     # Seed 0 draws: half, half, cpu, ... until 1.3 cards arrived.
-    return run(small_workload(), config=CFG, policy=policy, mode=Mode.FILL, arrival=130, seed=0, placements=placements)
+    return run(
+        small_workload(),
+        config=CFG,
+        policy=policy,
+        mode=Mode.FILL,
+        arrival=130,
+        seed=0,
+        placements=placements,
+    )
 
 
 def test_result_json_fields():
@@ -37,13 +45,22 @@ def test_result_json_fields():
     j = result_json(r, small_workload())
     assert j["policy"] == "binpack" and j["node_policy"] == "binpack" and j["card_policy"] == "binpack"
     assert (j["mode"], j["arrival"], j["seed"], j["nodes"], j["gpus"]) == ("fill", 130.0, 0, 2, 1)
-    assert j["gpu_pods"] == 3 and j["scheduled"] == j["pods"] - 1 and j["failed"] == 1 and j["failed_gpu_pods"] == 1
+    assert (
+        j["gpu_pods"] == 3
+        and j["scheduled"] == j["pods"] - 1
+        and j["failed"] == 1
+        and j["failed_gpu_pods"] == 1
+    )
     assert (j["gpu_allocation_ratio"], j["memory_allocation_ratio"]) == (1.0, 1.0)
     assert j["first_failure_arrival"] == 150.0
     assert j["failure_reasons"] == {"CardInsufficientMemory": 1}
     assert j["per_model"] == {"T4": {"cards": 1, "gpu_allocation_ratio": 1.0, "memory_allocation_ratio": 1.0}}
     assert [c["arrival"] for c in j["allocation_at_arrival"]] == [float(x) for x in range(10, 131, 10)]
-    assert j["allocation_at_arrival"][0] == {"arrival": 10.0, "gpu_allocation_ratio": 0.5, "memory_allocation_ratio": 0.5}
+    assert j["allocation_at_arrival"][0] == {
+        "arrival": 10.0,
+        "gpu_allocation_ratio": 0.5,
+        "memory_allocation_ratio": 0.5,
+    }
     assert j["decision_ms"]["count"] == 3 and j["decision_ms"]["p99"] >= j["decision_ms"]["p50"] > 0
     assert isinstance(j["elapsed_s"], float)
     json.dumps(j)  # serialisable as is
@@ -60,7 +77,9 @@ def test_compare_json_is_keyed_by_policy():
 def test_summary_text():
     text = summary_text([fill_run()], small_workload())
     lines = text.splitlines()
-    assert lines[0] == "hami simulate - fill mode: pods drawn with seed 0 until arrived GPU demand reached 130%"
+    assert (
+        lines[0] == "hami simulate - fill mode: pods drawn with seed 0 until arrived GPU demand reached 130%"
+    )
     assert lines[1] == "cluster: 2 nodes, 1 GPUs (T4 1) from nodes.csv"
     assert lines[2] == "workload: 2 pods from pods.csv"
     assert lines[4].split() == [
@@ -100,7 +119,9 @@ def test_placements_csv(tmp_path):
 
 
 def test_report_writes_pngs(tmp_path):
-    paths = write_report([fill_run(placements=False), fill_run(Policy("spread", "spread"), False)], tmp_path / "rep")
+    paths = write_report(
+        [fill_run(placements=False), fill_run(Policy("spread", "spread"), False)], tmp_path / "rep"
+    )
     assert [p.name for p in paths] == ["allocation_vs_arrival.png", "model_utilisation.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000

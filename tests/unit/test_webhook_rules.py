@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pytest
@@ -142,10 +143,22 @@ def test_sub_resource_is_not_mutated() -> None:
     assert reply["response"] == {"uid": "u-1", "allowed": True}
 
 
-def test_ignore_annotation_on_pod_is_honoured() -> None:
+def test_ignore_annotation_on_pod_does_not_bypass_the_stripping() -> None:
+    # QA finding: the annotation form was honoured like the label, so any user could keep forged
+    # allocation annotations (and skip the takeover) by adding it; selectors (and HAMi) only know the label.
     pod = _gpu_pod(**{"hami.io/webhook": "ignore", "hami.io/vgpu-node": "n1"})
-    _, reply, _ = review_body(Mutator(list(build_vendors().values())), _review(pod))
-    assert reply["response"] == {"uid": "u-1", "allowed": True}
+    _, reply, decision = review_body(Mutator(list(build_vendors().values())), _review(pod))
+    assert reply["response"]["allowed"] is True
+    assert decision is not None
+    assert decision.patch == [
+        {"op": "remove", "path": "/metadata/annotations/hami.io~1vgpu-node"},
+        {"op": "replace", "path": "/spec/schedulerName", "value": "hami-scheduler"},
+        {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpucores", "value": "100"},
+    ]
+    assert reply["response"]["warnings"] == [
+        "annotation hami.io/webhook: ignore has no effect; to opt a pod out, set it as a label",
+        "removed annotation hami.io/vgpu-node: allocation annotations are written by HAMi only",
+    ]
 
 
 def test_empty_scheduler_name_disables_takeover() -> None:
@@ -157,3 +170,57 @@ def test_empty_scheduler_name_disables_takeover() -> None:
     assert [op["path"] for op in decision.patch] == [
         "/spec/containers/0/resources/limits/nvidia.com~1gpucores"
     ]
+
+
+def _answer(pod: dict) -> dict:
+    status, reply, _ = review_body(Mutator(list(build_vendors().values())), _review(pod))
+    assert status == 200
+    return reply["response"]
+
+
+@pytest.mark.parametrize(
+    ("container", "message"),
+    [
+        ({"name": "main", "resources": "1"}, "spec.containers[0].resources must be an object, got str"),
+        ({"name": "main", "resources": {"limits": ["nvidia.com/gpu"]}},
+         "spec.containers[0].resources.limits must be an object (resource name -> quantity), got list"),
+        ({"name": "main", "resources": {"requests": "x"}},
+         "spec.containers[0].resources.requests must be an object (resource name -> quantity), got str"),
+        ({"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/priority": "1"}},
+          "env": [1]}, "spec.containers[0].env[0] must be an object with name and value"),
+        ({"name": "main", "env": "A=1"}, "spec.containers[0].env must be a list of {name, value} objects"),
+        ({"name": "main", "securityContext": True}, "spec.containers[0].securityContext must be an object, got bool"),
+    ],
+)  # fmt: skip
+def test_malformed_container_members_are_a_400_denial_naming_the_field(container: dict, message: str) -> None:
+    # QA regression: these reached the vendor hook and came back as "internal error" (code 500).
+    response = _answer({"metadata": {"name": "p"}, "spec": {"containers": [container]}})
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "status": "Failure",
+        "code": 400,
+        "reason": "BadRequest",
+        "message": message,
+    }
+
+
+def test_pod_without_metadata_gets_no_empty_metadata_patch() -> None:
+    # QA regression: the stripping step added {"op": "add", "path": "/metadata", "value": {}} to every
+    # pod sent without metadata, so a pod that needed no change was answered with a patch.
+    response = _answer({"spec": {"containers": [{"name": "web", "image": "nginx"}]}})
+    assert response == {"uid": "u-1", "allowed": True}
+
+
+def test_gpumem_in_the_api_servers_canonical_form_is_admitted_as_mib() -> None:
+    # The API server re-serialises every quantity in canonical form before calling webhooks
+    # (apimachinery Quantity: "the exponent (or suffix) is as large as possible"), so a user's
+    # `nvidia.com/gpumem: 3000` arrives as "3k". HAMi reads 3000 MiB (AsInt64). QA finding: it was
+    # denied as "0.003 MiB" (fixed in hami/quantity.py); this keeps the webhook path honest.
+    pod = _gpu_pod()
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "3k"
+    response = _answer(pod)
+    assert response["allowed"] is True, response.get("status")
+    ops = {op["path"]: op.get("value") for op in json.loads(base64.b64decode(response["patch"]))}
+    assert ops["/spec/schedulerName"] == "hami-scheduler"
+    assert ops.get("/spec/containers/0/resources/limits/nvidia.com~1gpumem", "3000") == "3000"
+    assert "/spec/containers/0/resources/limits/nvidia.com~1gpucores" not in ops  # memory given: shared
