@@ -422,6 +422,14 @@ class Allocator:
                 stray.append(dev_id)
         reused = self._init_ids.get(pending.uid, set())
         if stray and not set(stray) <= reused:
+            sick = [u for u in dict.fromkeys(recorded) if not self.state.card(u).healthy]
+            if sick:
+                # kubelet only offers healthy devices, so it had to pick elsewhere: say why.
+                raise await refuse(
+                    "unhealthy_card",
+                    f"the scheduler recorded card(s) {recorded} but {sick} became unhealthy on node "
+                    f"{s.node_name} after scheduling, so kubelet gave devices {ids} on other cards",
+                )
             raise await refuse(
                 "card_mismatch",
                 f"kubelet's devices {ids} are on card(s) {sorted(set(physical))} but the scheduler recorded "

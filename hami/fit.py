@@ -224,8 +224,9 @@ def _pick_numa_group(
 ) -> list[tuple[Device, DeviceUsage, float]]:
     """All cards of a numa-bind container on one NUMA node: pick the group the card policy prefers.
 
-    The group is judged by its best `nums` cards (binpack: fullest, spread: emptiest), so NUMA never
-    outranks utilisation. Cards of groups too small for the request count as NumaNotFit.
+    Groups are compared by the card policy chain, key by key, on their best `nums` cards (binpack:
+    fullest, spread: emptiest, numa: lowest NUMA node), so under `spread` NUMA never outranks
+    utilisation. Cards of groups too small for the request count as NumaNotFit.
     """
     groups: dict[int, list[tuple[Device, DeviceUsage, float]]] = {}
     for item in scored:

@@ -35,6 +35,7 @@ _QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?
 #: Largest value HAMi stores (int32); beyond it HAMi wraps, we refuse.
 INT32_MAX = 2**31 - 1
 MIB = 2**20
+_MAX_EXPONENT = 30
 
 
 def parse_quantity(value: object, *, resource: str) -> tuple[Fraction, bool]:
@@ -62,7 +63,11 @@ def parse_quantity(value: object, *, resource: str) -> tuple[Fraction, bool]:
         return number * _BINARY[suffix], True
     if suffix in _DECIMAL:
         return number * _DECIMAL[suffix], suffix not in ("", "m", "u", "n")
-    return number * Fraction(10) ** int(suffix[1:]), True
+    exponent = int(suffix[1:])
+    if abs(exponent) > _MAX_EXPONENT:
+        # Kubernetes caps quantities at 2^63-1; a huge exponent must not make us compute 10**1e9.
+        raise InvalidRequest(f"{resource}: {value!r} is out of range (exponent beyond +-{_MAX_EXPONENT})")
+    return number * Fraction(10) ** exponent, True
 
 
 def _whole(v: Fraction, *, resource: str, raw: object, unit: str) -> int:

@@ -27,6 +27,8 @@ HAMI_WRITTEN_KEYS = (
 )
 POLICY_KEYS = (keys.NODE_SCHEDULER_POLICY, keys.GPU_SCHEDULER_POLICY, keys.DEVICE_SCORING_WEIGHTS)
 HAMI_PREFIX = "hami.io/"
+#: Annotation warnings itemised per review; the rest are counted in one line.
+MAX_ANNOTATION_WARNINGS = 10
 IGNORE_VALUE = "ignore"
 
 
@@ -117,18 +119,35 @@ def annotation_warnings(
     - an unknown key with a HAMi or vendor prefix: a likely typo, with the closest known key if any;
     - a selection or policy annotation on a pod that asks for no device: it has no effect.
     Each warning stays under 120 characters when the key does (the API server's Warning header limit).
+    At most `MAX_ANNOTATION_WARNINGS` are itemised, then one line counts the rest: the API server keeps
+    only a few KiB of warnings anyway, and a pod with thousands of odd keys must not cost seconds of
+    fuzzy matching on the event loop that every other review waits for.
     """
     out: list[str] = []
+    more = 0
+    candidates: list[str] | None = None
     for key in annotations:
         if key in resource_names:
-            out.append(
-                f"annotation {key} is not a device request: put it in the container's resources.limits"
-            )
+            text = f"annotation {key} is not a device request: put it in the container's resources.limits"
         elif key in selection_keys:
-            if not has_devices:
-                out.append(f"annotation {key} has no effect: the pod asks for no device")
+            if has_devices:
+                continue
+            text = f"annotation {key} has no effect: the pod asks for no device"
         elif key not in known and key.startswith(prefixes):
-            close = difflib.get_close_matches(key, sorted(known | resource_names), n=1, cutoff=0.8)
+            if len(out) >= MAX_ANNOTATION_WARNINGS:
+                more += 1
+                continue
+            if candidates is None:
+                candidates = sorted(known | resource_names)
+            close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            out.append(f"unknown annotation {key}{hint}")
+            text = f"unknown annotation {key}{hint}"
+        else:
+            continue
+        if len(out) >= MAX_ANNOTATION_WARNINGS:
+            more += 1
+        else:
+            out.append(text)
+    if more:
+        out.append(f"{more} more annotation warning(s) not shown")
     return out

@@ -78,6 +78,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     out.add_argument("--placements", metavar="FILE.csv", help="write one row per (pod, container, card)")
+    out.add_argument(
+        "--annotations",
+        metavar="FILE.jsonl",
+        help="write the extender's annotations of every scheduled GPU pod",
+    )
     out.add_argument("--report", metavar="DIR", help="write PNG plots (and summary.json) into DIR")
     out.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
 
@@ -193,7 +198,7 @@ def run_simulate(
     args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
     """Run `hami simulate` with parsed `args`; returns the exit status. Raises InvalidRequest / OSError."""
-    from hami.simulate.report import results_json, summary_text, write_placements
+    from hami.simulate.report import results_json, summary_text, write_annotations, write_placements
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
@@ -202,10 +207,9 @@ def run_simulate(
     mode = Mode(args.mode)
     if mode is Mode.FILL and not args.arrival > 0:
         raise InvalidRequest(f"--arrival: {args.arrival:g} must be a percent > 0 (e.g. 130)")
-    if args.placements:
-        parent = Path(args.placements).resolve().parent
-        if not parent.is_dir():
-            raise InvalidRequest(f"--placements: directory {parent} does not exist")
+    for flag, value in (("--placements", args.placements), ("--annotations", args.annotations)):
+        if value and not Path(value).resolve().parent.is_dir():
+            raise InvalidRequest(f"{flag}: directory {Path(value).resolve().parent} does not exist")
     workload = load_workload(args, config)
     show_progress = not args.no_progress and stderr.isatty()
     results: list[RunResult] = []
@@ -221,6 +225,7 @@ def run_simulate(
                     arrival=args.arrival,
                     seed=args.seed,
                     placements=bool(args.placements),
+                    annotations=bool(args.annotations),
                     progress=bar,
                 )
             )
@@ -237,6 +242,10 @@ def run_simulate(
         rows = write_placements(args.placements, results)
         if not args.json:
             stdout.write(f"placements: {rows} rows written to {args.placements}\n")
+    if args.annotations:
+        rows = write_annotations(args.annotations, results)
+        if not args.json:
+            stdout.write(f"annotations: {rows} pods written to {args.annotations}\n")
     if args.report:
         from hami.simulate.plots import write_report
 

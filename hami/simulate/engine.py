@@ -155,6 +155,8 @@ class RunResult:
     peak_per_model: dict[str, ModelUsage] = field(default_factory=dict)
     decision_s: list[float] = field(default_factory=list)
     placements: list[Placement] | None = None
+    #: (pod name, annotations the extender would patch onto it) per scheduled GPU pod, when asked.
+    annotations: list[tuple[str, dict[str, str]]] | None = None
     #: The core's state at the end of the run (for checks against `card_allocation`); not serialised.
     state: ClusterState | None = field(default=None, repr=False)
 
@@ -340,7 +342,8 @@ class _Replay:
         self.result = result
         self.where: dict[str, tuple[int, SimPod, list[tuple[str, int, int]]]] = {}
         self.arrived = 0.0  # cards
-        self.now: float | None = None
+        self.now: float | None = None  # trace time (s) in trace mode
+        self.stamp = 0.0  # `hami.io/vgpu-time`: trace time, or the submission number in fill mode
         self.curve_step = curve_step
         self.next_check = 10.0
         self.next_curve = curve_step
@@ -414,7 +417,7 @@ class _Replay:
             },
         }
         t0 = time.perf_counter()
-        out = self.state.filter(obj, res.names_of(fitting))
+        out = self.state.filter(obj, res.names_of(fitting), now=self.stamp)
         r.decision_s.append(time.perf_counter() - t0)
         for w in out.warnings:
             r.warnings[w] += 1
@@ -433,6 +436,8 @@ class _Replay:
         self.usage.apply(held, +1)
         self.where[uid] = (i, pod, held)
         r.scheduled += 1
+        if r.annotations is not None:
+            r.annotations.append((name, out.annotations))
         if r.placements is not None:
             spec = obj["spec"]
             names = [c.get("name", "") for c in (spec.get("initContainers") or []) + spec["containers"]]
@@ -472,10 +477,13 @@ def run(
     arrival: float = 130.0,
     seed: int = 0,
     placements: bool = False,
+    annotations: bool = False,
     curve_step: float = 1.0,
     progress: Progress | None = None,
 ) -> RunResult:
-    """Replay `workload` under `policy` and return the figures (and the placements when asked).
+    """Replay `workload` under `policy` and return the figures (and the placements and the extender's
+    annotations per scheduled GPU pod, when asked; `hami.io/vgpu-time` is the trace time in trace mode
+    and the submission number in fill mode, so outputs are reproducible).
 
     `arrival` (percent of GPU capacity, > 0) is the fill target. Checkpoints are taken at every 10 % of
     arrived demand, curve points (for plots) every `curve_step` % in fill mode and at 500 evenly spaced
@@ -495,6 +503,7 @@ def run(
         nodes=len(workload.nodes),
         gpus=workload.gpus,
         placements=[] if placements else None,
+        annotations=[] if annotations else None,
     )
     if mode is Mode.FILL:
         if not any(p.is_gpu for p in workload.pods):
@@ -520,6 +529,7 @@ def run(
             pod = pool[rng.randrange(len(pool))]
             drawn[pod.name] += 1
             name = pod.name if drawn[pod.name] == 1 else f"{pod.name}-{drawn[pod.name]}"
+            replay.stamp = float(seq)
             replay.submit(pod, f"sim-{seq}", name)
             seq += 1
             if pod.is_gpu:
@@ -540,6 +550,7 @@ def run(
         every = max(1, total // 500)
         for done in range(1, total + 1):
             replay.now, kind, k = heapq.heappop(events)
+            replay.stamp = replay.now
             pod = workload.pods[k]
             if kind == 1:
                 replay.submit(pod, f"sim-{k}", pod.name)

@@ -7,6 +7,7 @@ field with its unit) and the engine stays free of formatting.
 from __future__ import annotations
 
 import csv
+import json
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -198,5 +199,18 @@ def write_placements(path: str | Path, results: Sequence[RunResult]) -> int:
                         r.policy.label,
                     ]
                 )
+                n += 1
+    return n
+
+
+def write_annotations(path: str | Path, results: Sequence[RunResult]) -> int:
+    """Write one JSON line per scheduled GPU pod: ``{"policy", "pod", "annotations"}`` with the
+    annotations the extender would patch (`hami.io/vgpu-node`, `vgpu-time`, device lists). Returns the
+    line count. Raises OSError."""
+    n = 0
+    with open(path, "w") as f:
+        for r in results:
+            for pod, annos in r.annotations or ():
+                f.write(json.dumps({"policy": r.policy.label, "pod": pod, "annotations": annos}) + "\n")
                 n += 1
     return n

@@ -46,6 +46,21 @@ def parse_bool(value: str, *, field: str) -> bool:
     raise InvalidRequest(f"{field}: {value!r} is not a boolean; valid: true, false")
 
 
+#: Container env that turns libvgpu's limits off (read by value, as the device plugin does).
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+_GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go strconv.ParseBool's true set
+
+
+def control_disabled(container: Mapping[str, Any]) -> bool:
+    """Whether the container sets `CUDA_DISABLE_CONTROL` to a true value (the last entry wins, as in
+    kubelet; a ``valueFrom`` entry cannot be resolved by the scheduler and counts as not true)."""
+    value = None
+    for env in container.get("env") or []:
+        if isinstance(env, Mapping) and env.get("name") == ENV_DISABLE_CONTROL:
+            value = env.get("value")
+    return value is not None and str(value) in _GO_TRUE
+
+
 class NvidiaVendor:
     common_word = "NVIDIA"
     register_key = A.NVIDIA_REGISTER
@@ -81,7 +96,8 @@ class NvidiaVendor:
         """HAMi GenerateResourceRequests (§1.1), strict: bad quantities raise instead of dropping.
 
         Per card: `memreq` MiB (gpumem x memoryFactor), else `mem_percentage`, else `defaultMemory`,
-        else 100 %; `coresreq` gpucores, else `defaultCores`.
+        else 100 %; `coresreq` gpucores, else `defaultCores`; 100 (exclusive cards) when the container
+        opts out of enforcement with env `CUDA_DISABLE_CONTROL=true`.
         """
         n, cfg = self._names, self.config
         limits = container_limits(container)
@@ -109,6 +125,9 @@ class NvidiaVendor:
         cores = cfg.defaultCores
         if n.cores and n.cores in limits:
             cores = to_percent(limits[n.cores], resource=f"container {name}: {n.cores}")
+        if control_disabled(container):
+            # libvgpu enforces nothing in this container, so it must not share its cards (HAMi#1678).
+            cores = 100
         return ContainerRequest(
             vendor=self.common_word, nums=nums, memreq=memreq, mem_percentage=pct, coresreq=cores
         )

@@ -615,3 +615,21 @@ async def test_served_containers_still_count_as_recorded_for_the_next_allocate(
     _, r3 = await kubelet.admit_container(RESOURCE, 1)
     assert [env_of(r)["CUDA_DEVICE_MEMORY_LIMIT_0"] for r in (r1, r3)] == ["100m", "300m"]
     assert pod_annos(apiserver, "three")[ann.BIND_PHASE] == "success"
+
+
+async def test_recorded_card_turned_unhealthy_is_refused_with_that_reason(apiserver, kube, kubelet, plugin):
+    # QA finding: the refusal blamed kubelet ("did not follow the preferred allocation") when the real
+    # cause was that the scheduler's card went unhealthy between Filter and Allocate.
+    write_cards(plugin.cards_file, [CARDS[0], {**CARDS[1], "healthy": False}])
+    ep = kubelet.endpoints[RESOURCE]
+    await kubelet.wait_for(lambda: ep.unhealthy() == {f"{B}-{i}" for i in range(10)}, timeout=5)
+    schedule(apiserver, kube, "sick", [("main", [dev(B, 1000, 10)])])
+    with pytest.raises(AdmissionError) as err:
+        await kubelet.admit_container(RESOURCE, 1)
+    assert str(err.value) == (
+        f"Allocate failed due to pod default/sick container main: the scheduler recorded card(s) ['{B}'] but "
+        f"['{B}'] became unhealthy on node node1 after scheduling, so kubelet gave devices ['{A}-0'] on other "
+        "cards, which is unexpected"
+    )
+    assert pod_annos(apiserver, "sick")[ann.BIND_PHASE] == "failed"
+    assert 'allocation_errors_total{reason="unhealthy_card"} 1.0' in plugin.metrics.render().decode()

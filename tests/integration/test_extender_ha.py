@@ -77,7 +77,9 @@ async def test_restart_with_pods_in_every_bind_phase_rebuilds_the_same_state(fak
     await place(api, sched, "filtered-only", nodes, mem=3000, cores=20)  # no bind-phase yet
     pod, node = await place(api, sched, "allocating", ["node1"], namespace="team", mem=5000, cores=30)
     assert await sched.bind(pod, node) == {"Error": ""}  # bind-phase allocating, lock held
-    pod, node = await place(api, sched, "success", ["node0", "node2"], namespace="team", gpus=2, mem=2000, cores=10)
+    pod, node = await place(
+        api, sched, "success", ["node0", "node2"], namespace="team", gpus=2, mem=2000, cores=10
+    )
     assert await sched.bind(pod, node) == {"Error": ""}
     dp_allocated(api, pod, node)
     api.store.set_pod_phase("team", "success", "Running")
@@ -118,7 +120,8 @@ async def test_restart_with_pods_in_every_bind_phase_rebuilds_the_same_state(fak
         await second.stop()
 
 
-async def test_leader_failover(fake_apiserver, session) -> None:
+@pytest.mark.parametrize("graceful", [True, False])
+async def test_leader_failover(fake_apiserver, session, graceful: bool) -> None:
     api = fake_apiserver
     for i in range(2):
         api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}")))
@@ -154,8 +157,14 @@ async def test_leader_failover(fake_apiserver, session) -> None:
         await eventually(lambda: len(a.state.pod_grants()) == 2, what="leader saw its pods")
         before = snapshot(a)
 
-        await a.stop()  # releases the Lease: b takes over without waiting for the expiry
+        if not graceful:
+            # A crash: the Lease is not released, b waits for it to expire (3 s) before taking over.
+            a.runtime.elector.release_on_stop = False
+        t0 = asyncio.get_running_loop().time()
+        await a.stop()  # graceful: releases the Lease, b takes over within a retry period
         await wait_ready(b, timeout_s=10)
+        took = asyncio.get_running_loop().time() - t0
+        assert took < 2.5 if graceful else took > 2.0, took
         assert b.runtime.elector.leader_identity == "replica-b"
         assert snapshot(b) == before
         lease = api.store.get("leases", "hami-scheduler-extender", namespace="default")

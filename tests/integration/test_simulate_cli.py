@@ -128,8 +128,11 @@ def test_yaml_input(tmp_path):
         "nvidia.com/gpucores: 25}}}]}\n"
     )
     out = tmp_path / "p.csv"
+    annos = tmp_path / "a.jsonl"
     p = hami(
         "simulate",
+        "--annotations",
+        str(annos),
         "--nodes",
         str(nodes),
         "--pods",
@@ -142,6 +145,18 @@ def test_yaml_input(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["scheduled"] == 1
+    assert [json.loads(x) for x in annos.read_text().splitlines()] == [
+        {
+            "policy": "binpack/spread",
+            "pod": "a",
+            "annotations": {
+                "hami.io/vgpu-node": "g1",
+                "hami.io/vgpu-time": "0",
+                "hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,4096,25:;",
+                "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,4096,25:;",
+            },
+        }
+    ]
     assert list(csv.reader(out.open()))[1] == [
         "a",
         "c",
@@ -264,3 +279,19 @@ def test_openb_trace_placements_respect_every_card_limit(tmp_path):
         assert slots <= 10 and m <= mem[model.removeprefix("NVIDIA-")] and cores <= 100
     assert all(len(v) == len(set(v)) for v in per_container.values())
     assert any(len(v) > 1 for v in per_container.values())
+
+
+def test_device_config_sets_default_policies_and_split_count(tmp_path, capsys):
+    cfg = tmp_path / "device-config.yaml"
+    cfg.write_text(
+        "nvidia:\n  deviceSplitCount: 2\nscheduler:\n  nodeSchedulerPolicy: spread\n  gpuSchedulerPolicy: binpack\n"
+    )
+    assert main(["simulate", *SMALL, "--config", str(cfg), "--json"]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert (j["policy"], j["node_policy"], j["card_policy"]) == ("spread/binpack", "spread", "binpack")
+    cfg.write_text("nvidia:\n  deviceSplitCount: 0\n")
+    assert main(["simulate", *SMALL, "--config", str(cfg)]) == 2
+    assert (
+        capsys.readouterr().err
+        == "hami: error: nvidia.deviceSplitCount: 0 is invalid; valid: an integer >= 1\n"
+    )

@@ -562,3 +562,42 @@ def test_unusable_quota_value_is_logged_not_silently_dropped(caplog):
         "ResourceQuota team/gpu: limits.nvidia.com/gpumem not enforced: "
         "limits.nvidia.com/gpumem: '1500m' is not a whole number of MiB"
     ]
+
+
+def test_huge_exponent_is_an_error_not_a_hang():
+    from hami.errors import InvalidRequest
+    from hami.quantity import to_mib
+
+    with pytest.raises(InvalidRequest) as e:
+        to_mib("1e999999999", resource="nvidia.com/gpumem")
+    assert str(e.value) == "nvidia.com/gpumem: '1e999999999' is out of range (exponent beyond +-30)"
+
+
+def test_zero_core_task_is_refused_on_an_overbooked_card():
+    # Cores booked beyond the card (annotations from an older, larger devcore): the core check refuses.
+    devs = cards("n", 1)
+    view = NodeView("n", {"NVIDIA": devs}, {"GPU-n-0": DeviceUsage(2, 1000, 120)})
+    f = fit_pod(
+        [ContainerSpec("c", ContainerKind.APP, (ContainerRequest("NVIDIA", 1, memreq=100),))],
+        view,
+        vendors=build_vendors(),
+        selections={},
+        policy=PolicyChoice(NodePolicy.BINPACK, (CardPolicy.SPREAD,)),
+    )
+    assert f.reason_text() == "1/1 CardInsufficientCore"
+
+
+def test_X03_container_without_enforcement_is_not_co_located():
+    cs = state(node("n", cards("n", 1)))
+    free = ctr("a", gpu=1, mem=4096) | {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]}
+    out = cs.filter(pod(free), ["n"])
+    assert out.annotations[A.NVIDIA_ALLOCATED] == "GPU-n-0,NVIDIA,4096,100:;"
+    assert cs.filter(pod(ctr("b", gpu=1, mem=4096)), ["n"]).failed_nodes == {
+        "n": "1/1 CardComputeUnitsExhausted"
+    }
+    # The other order: it needs an idle card. "false" (by value) keeps enforcement on and shares.
+    cs = state(node("n", cards("n", 1)))
+    assert cs.filter(pod(ctr("b", gpu=1, mem=4096)), ["n"]).node == "n"
+    assert cs.filter(pod(free), ["n"]).failed_nodes == {"n": "1/1 ExclusiveDeviceAllocateConflict"}
+    on = ctr("c", gpu=1, mem=4096) | {"env": [{"name": "CUDA_DISABLE_CONTROL", "value": "false"}]}
+    assert cs.filter(pod(on), ["n"]).annotations[A.NVIDIA_ALLOCATED] == "GPU-n-0,NVIDIA,4096,0:;"

@@ -542,3 +542,20 @@ async def test_nvidia_watch_health_reports_critical_xids_from_its_thread():
         await task
     assert nvml.registered == [("GPU-0", 8)]
     assert reports == [("GPU-0", False, "critical XID 79")]
+
+
+def test_documented_cards_yaml_gives_the_documented_registration():
+    # QA finding: docs/device-plugin.md showed a registration for GPU-bbbb (V100, 32768 MiB) that its
+    # own CARDS.yaml example (A100, 81920 MiB) cannot produce. Keep the page executable.
+    import re
+
+    import yaml
+
+    from hami.annotations import encode_node_devices_json
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "device-plugin.md").read_text()
+    cards_yaml = re.search(r"```yaml\n(cards:\n.*?)```", text, re.S)
+    assert cards_yaml is not None
+    state = DeviceState(parse_cards(yaml.safe_load(cards_yaml.group(1))), split_count=10)
+    value = encode_node_devices_json(state.registration(memory_scaling=1.0, core_scaling=1.0))
+    assert f"\nhami.io/node-nvidia-register: {value}\n" in text

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import pytest
 
+from hami import annotations as A
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
 from hami.simulate.engine import (
@@ -73,6 +74,32 @@ def test_fill_stops_at_the_arrival_target_and_reports_the_first_failure():
     ]
     assert r.failure_reasons == {"CardInsufficientMemory": 1}
     assert len(r.decision_s) == 3
+
+
+def test_annotations_are_what_the_extender_writes():
+    w = Workload([node("n1")], [pod("half")])
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=130, annotations=True)
+    entry = "GPU-n1-0,NVIDIA,7680,50:;"
+    assert r.annotations == [
+        (
+            "half",
+            {
+                A.ASSIGNED_NODE: "n1",
+                A.ASSIGNED_TIME: "0",
+                A.NVIDIA_TO_ALLOCATE: entry,
+                A.NVIDIA_ALLOCATED: entry,
+            },
+        ),
+        (
+            "half-2",
+            {
+                A.ASSIGNED_NODE: "n1",
+                A.ASSIGNED_TIME: "1",
+                A.NVIDIA_TO_ALLOCATE: entry,
+                A.NVIDIA_ALLOCATED: entry,
+            },
+        ),
+    ]
 
 
 def test_fill_binpack_and_spread_use_cards_differently():

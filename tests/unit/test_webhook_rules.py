@@ -224,3 +224,13 @@ def test_gpumem_in_the_api_servers_canonical_form_is_admitted_as_mib() -> None:
     assert ops["/spec/schedulerName"] == "hami-scheduler"
     assert ops.get("/spec/containers/0/resources/limits/nvidia.com~1gpumem", "3000") == "3000"
     assert "/spec/containers/0/resources/limits/nvidia.com~1gpucores" not in ops  # memory given: shared
+
+
+def test_annotation_warnings_are_capped() -> None:
+    # QA regression: 20000 made-up hami.io/ keys (about 600 KB, under the API server's request limit)
+    # cost 3.8 s of fuzzy matching on the event loop and a 1.5 MB reply with 20000 warnings.
+    pod = _gpu_pod(**{f"hami.io/vgpu-nod{i}": "x" for i in range(5000)})
+    warnings = _answer(pod)["warnings"]
+    assert len(warnings) == rules.MAX_ANNOTATION_WARNINGS + 1 == 11
+    assert warnings[0] == "unknown annotation hami.io/vgpu-nod0 (did you mean hami.io/vgpu-node?)"
+    assert warnings[-1] == "4990 more annotation warning(s) not shown"
