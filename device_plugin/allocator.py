@@ -47,6 +47,7 @@ from hami import annotations as ann
 from hami.errors import AnnotationError, HamiError, InvalidRequest
 from hami.model import ContainerDevice
 from hami.quantity import to_count
+from hami.vendors.nvidia import control_disabled
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,6 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"  # container opt-out, read from the
 # Container-side paths (HAMi-core's expectations).
 CTR_PRELOAD = "/etc/ld.so.preload"
 CTR_LOCK_DIR = "/tmp/vgpulock"
-
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go strconv.ParseBool's true set
 
 
 class Kube(Protocol):
@@ -326,6 +325,14 @@ class Allocator:
     # ----- Allocate
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list[pb.ContainerAllocateResponse]:
+        """Serve kubelet's container requests (each a list of virtual device ids) for the lock holder.
+
+        Returns one response per request, in order: env (limits in MiB ``<n>m``, SM percent) and mounts
+        (hami-legacy-spec §3.4). Consumed entries are emptied in ``hami.io/vgpu-devices-to-allocate``;
+        after the pod's last one, bind-phase ``success`` and the lock is released. Raises
+        AllocationRefused (reason + message naming pod, container and mismatch) after setting
+        bind-phase ``failed`` and releasing the lock; code UNAVAILABLE when the API server failed.
+        """
         async with self._lock:
             pending = await self._pending_pod()
             entries = [list(e) for e in pending.entries]
@@ -439,7 +446,7 @@ class Allocator:
             self._init_ids.setdefault(pending.uid, set()).update(ids)
         lib = s.vgpu_dir / "libvgpu.so"
         preload = s.vgpu_dir / "ld.so.preload"
-        control = not _env_true(ctr, ENV_DISABLE_CONTROL)
+        control = not control_disabled(ctr)
         missing = [str(p) for p in ((lib, preload) if control else (lib,)) if not p.is_file()]
         if missing:
             raise await refuse(
@@ -534,17 +541,3 @@ class Allocator:
             raise AllocationRefused(
                 "api_error", f"API server: {type(e).__name__}: {e}", code=grpc.StatusCode.UNAVAILABLE
             ) from None
-
-
-def _env_true(container: Mapping[str, Any], name: str) -> bool:
-    """True when the container sets env `name` to a true value (Go ParseBool); ``false`` keeps control on.
-
-    When the name appears more than once the last entry counts: kubelet builds the environment with
-    later entries overriding earlier ones, so that is the value the container (and libvgpu) sees.
-    A ``valueFrom`` entry cannot be resolved here and counts as not true.
-    """
-    value = None
-    for env in container.get("env") or []:
-        if isinstance(env, Mapping) and env.get("name") == name:
-            value = env.get("value")
-    return value is not None and str(value) in _TRUE

@@ -166,6 +166,7 @@ class DevicePluginApp:
         log.info("metrics on %s", self.metrics_url)
 
     async def stop(self) -> None:
+        """Cancel background tasks, stop serving (socket removed), stop metrics, close the backend."""
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -18,6 +18,7 @@ from hami.errors import HamiError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line; each flag's default is its environment variable (see docs/device-plugin.md)."""
     env = os.environ.get
     p = argparse.ArgumentParser(
         prog="hami-device-plugin",

@@ -85,6 +85,7 @@ class DeviceState:
         return list(self._cards.values())
 
     def card(self, uuid: str) -> Card | None:
+        """The card with physical UUID `uuid` (current health), None when it is not one of ours."""
         return self._cards.get(uuid)
 
     def card_of(self, device_id: str) -> str | None:

@@ -50,6 +50,7 @@ class PluginMetrics:
         )
 
     def update_devices(self, state: DeviceState) -> None:
+        """Refresh the per-card health gauges and the virtual device counts by health from `state`."""
         healthy = unhealthy = 0
         for c in state.cards():
             self.card_healthy.labels(uuid=c.uuid, index=str(c.index)).set(1 if c.healthy else 0)
@@ -61,6 +62,7 @@ class PluginMetrics:
         self.devices.labels(health="Unhealthy").set(unhealthy)
 
     def render(self) -> bytes:
+        """The registry in Prometheus text format."""
         return generate_latest(self.registry)
 
 

@@ -97,6 +97,7 @@ class KubeletRegistration:
         self._task = asyncio.create_task(self._watch(), name="kubelet-registration")
 
     async def stop(self) -> None:
+        """Stop watching and serving, and remove our socket so kubelet does not dial a dead endpoint."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -14,13 +14,14 @@ filters can never take the same capacity; the lock is never held across I/O (cal
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from hami import annotations as A
 from hami.config import DeviceConfig
@@ -108,9 +109,11 @@ class _Summary:
         return _Summary(len(devices), tuple({d.type.lower() for d in devices}), tuple(rows))
 
 
-@dataclass(frozen=True, slots=True)
-class _Need:
-    """The largest single-card demand of a pod for one vendor (for `_Summary` checks)."""
+class _Need(NamedTuple):
+    """One container's single-card demand for one vendor (for `_Summary` checks).
+
+    A NamedTuple: it is the memo key of every node summary, hashed once per node per filter.
+    """
 
     nums: int
     mem: int  # MiB, 0 when given as a percentage
@@ -161,6 +164,7 @@ class _Need:
 
 
 _ZERO = DeviceUsage()
+_UNKNOWN = object()  # memo miss marker (None is a verdict: fits)
 
 
 @dataclass(slots=True)
@@ -216,23 +220,19 @@ class _Pod:
     since: float
 
 
-def _needs(containers: Sequence[ContainerSpec], selections: Mapping[str, Selection]) -> dict[str, _Need]:
-    out: dict[str, _Need] = {}
+def _needs(
+    containers: Sequence[ContainerSpec], selections: Mapping[str, Selection]
+) -> dict[str, tuple[_Need, ...]]:
+    """Per vendor, the distinct single-container demands of a pod; each must fit on its own."""
+    out: dict[str, dict[_Need, None]] = {}
     for c in containers:
         for r in c.requests:
-            prev = out.get(r.vendor)
             pct = r.mem_percentage if r.memreq <= 0 and r.mem_percentage <= 100 else 0
             sel = selections.get(r.vendor)
             # UUID, mode and nouse rules are left to the fit; they are rare and need the card list.
             use = tuple(u.lower() for u in sel.use_types) if sel and not sel.mode else ()
-            need = _Need(r.nums, r.memreq, pct, min(r.coresreq, 100), use)
-            if prev is not None:
-                need = _Need(
-                    max(prev.nums, need.nums), max(prev.mem, need.mem), max(prev.pct, need.pct),
-                    max(prev.cores, need.cores), prev.use_types,
-                )  # fmt: skip
-            out[r.vendor] = need
-    return out
+            out.setdefault(r.vendor, {})[_Need(r.nums, r.memreq, pct, min(r.coresreq, 100), use)] = None
+    return {v: tuple(d) for v, d in out.items()}
 
 
 def pod_container_kinds(pod: Mapping[str, Any]) -> list[ContainerKind]:
@@ -247,12 +247,15 @@ def pod_container_kinds(pod: Mapping[str, Any]) -> list[ContainerKind]:
 
 
 def _init_done(pod: Mapping[str, Any]) -> bool:
-    """All init containers terminated with exit code 0 (their usage can be released, HAMi §2.2.2)."""
-    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-    if not statuses:
+    """All init containers (not native sidecars, which keep running) terminated with exit code 0, so
+    their usage can be released (HAMi §2.2.2)."""
+    spec = pod.get("spec") or {}
+    plain = [c.get("name") for c in spec.get("initContainers") or [] if c.get("restartPolicy") != "Always"]
+    if not plain:
         return False
-    for s in statuses:
-        term = (s.get("state") or {}).get("terminated")
+    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("initContainerStatuses") or []}
+    for name in plain:
+        term = ((statuses.get(name) or {}).get("state") or {}).get("terminated")
         if not term or term.get("exitCode") != 0:
             return False
     return True
@@ -401,10 +404,14 @@ class ClusterState:
             if not node:
                 return  # not (yet) placed by us; a reservation in flight stays
             devices: PodDevices = {}
+            kinds = pod_container_kinds(pod)
             try:
                 for v in self.vendors.values():
                     if v.allocated_key in annos:
-                        devices[v.common_word] = A.decode_pod_devices(annos[v.allocated_key])
+                        # Lists written by other HAMi versions may lack leading empty entries (§8.2).
+                        devices[v.common_word] = A.align_pod_devices(
+                            A.decode_pod_devices(annos[v.allocated_key]), len(kinds)
+                        )
             except AnnotationError as e:
                 log.warning(
                     "pod %s/%s: not counted, malformed allocation: %s",
@@ -413,7 +420,6 @@ class ClusterState:
                     e,
                 )
                 return
-            kinds = pod_container_kinds(pod)
             if _init_done(pod):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.
                 devices = {
@@ -482,9 +488,17 @@ class ClusterState:
         return out
 
     def filter(
-        self, pod: Mapping[str, Any], node_names: Sequence[str], *, now: float | None = None
+        self,
+        pod: Mapping[str, Any],
+        node_names: Sequence[str],
+        *,
+        now: float | None = None,
+        explain: bool = True,
     ) -> FilterOutcome:
         """Choose a node and the exact cards for `pod` among `node_names`, and reserve them.
+
+        `now` (Unix seconds) stamps `hami.io/vgpu-time`. With `explain` False, nodes that were not
+        tried because a better one fitted get no entry in `failed_nodes` (the simulator needs none).
 
         Nodes are tried in node-policy order (binpack: fullest first, spread: emptiest first; ties by
         name) and the first that fits wins, which is the same as fitting all and taking the best score.
@@ -509,33 +523,19 @@ class ClusterState:
         out = FilterOutcome(warnings=policy.warnings, policy=policy)
         with self._lock:
             self._drop_record(uid)
-            needs = _needs(containers, selections)
-            candidates: list[_Node] = []
             failed = out.failed_nodes
-            for name in node_names:
-                n = self._nodes.get(name)
-                if n is None:
-                    failed[name] = "node unregistered"
-                    continue
-                if n.unusable:
-                    failed[name] = n.unusable
-                    continue
-                for v, need in needs.items():
-                    if v not in n.devices:
-                        failed[name] = f"NodeInsufficientDevice: no {v} device"
-                        break
-                    if (why := need.misfit(n.summary(v))) is not None:
-                        failed[name] = why
-                        break
-                else:
-                    candidates.append(n)
+            candidates = self._prefilter(node_names, _needs(containers, selections), failed)
             sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
-            candidates.sort(key=lambda n: (sign * n.current_score(), n.name))
+            # Only the best fitting node is needed: a heap gives candidates in policy order in
+            # O(n + k log n) for the k nodes tried, instead of sorting them all.
+            heap = [(sign * n.current_score(), n.name, n) for n in candidates]
+            heapq.heapify(heap)
             quota = None
             if self.quota.has_limits(ns):
                 quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
             chosen = None
-            for i, n in enumerate(candidates):
+            while heap:
+                n = heapq.heappop(heap)[2]
                 fit = fit_pod(
                     containers,
                     n.view(),
@@ -546,12 +546,12 @@ class ClusterState:
                 )
                 if fit.ok:
                     chosen = n
-                    for other in candidates[i + 1 :]:
-                        out.failed_nodes[other.name] = (
-                            f"node {n.name} preferred by node policy {policy.node.value}"
-                        )
+                    if explain:
+                        why = f"node {n.name} preferred by node policy {policy.node.value}"
+                        for _, other, _ in heap:
+                            failed[other] = why
                     break
-                out.failed_nodes[n.name] = fit.reason_text()
+                failed[n.name] = fit.reason_text()
             if chosen is None:
                 return out
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
@@ -563,6 +563,62 @@ class ClusterState:
             out.annotations.update(self.vendors[v].allocation_annotations(lst))
         out.labels = {A.ASSIGNED_NODE: chosen.name}
         return out
+
+    def _prefilter(
+        self, node_names: Sequence[str], needs: Mapping[str, tuple[_Need, ...]], failed: dict[str, str]
+    ) -> list[_Node]:
+        """Candidate nodes whose cached card summaries can take every demand; reasons for the others.
+
+        This loop runs over every candidate node on every filter, so the common case (one vendor, one
+        distinct demand) is spelled out with local names and inline memo lookups.
+        """
+        nodes = self._nodes
+        candidates: list[_Node] = []
+        if len(needs) == 1:
+            ((vendor, vneeds),) = needs.items()
+            if len(vneeds) == 1:
+                need = vneeds[0]
+                no_device = f"NodeInsufficientDevice: no {vendor} device"
+                for name in node_names:
+                    n = nodes.get(name)
+                    if n is None:
+                        failed[name] = "node unregistered"
+                    elif n.unusable:
+                        failed[name] = n.unusable
+                    elif vendor not in n.devices:
+                        failed[name] = no_device
+                    else:
+                        summary = n.summaries.get(vendor) or n.summary(vendor)
+                        why = summary.memo.get(need, _UNKNOWN)
+                        if why is _UNKNOWN:
+                            why = need.misfit(summary)
+                        if why is None:
+                            candidates.append(n)
+                        else:
+                            failed[name] = why
+                return candidates
+        for name in node_names:
+            n = nodes.get(name)
+            if n is None:
+                failed[name] = "node unregistered"
+                continue
+            if n.unusable:
+                failed[name] = n.unusable
+                continue
+            why = None
+            for v, vneeds in needs.items():
+                if v not in n.devices:
+                    why = f"NodeInsufficientDevice: no {v} device"
+                    break
+                summary = n.summary(v)
+                why = next((w for need in vneeds if (w := need.misfit(summary)) is not None), None)
+                if why is not None:
+                    break
+            if why is None:
+                candidates.append(n)
+            else:
+                failed[name] = why
+        return candidates
 
     # ------------------------------------------------------------------------------------------
     # snapshots

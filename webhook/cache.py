@@ -68,6 +68,7 @@ class Caches:
         return self
 
     def stop(self) -> None:
+        """End both watches (blocking until their threads stop)."""
         self.quotas.stop()
         self.namespaces_reflector.stop()
 

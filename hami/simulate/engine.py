@@ -417,7 +417,7 @@ class _Replay:
             },
         }
         t0 = time.perf_counter()
-        out = self.state.filter(obj, res.names_of(fitting), now=self.stamp)
+        out = self.state.filter(obj, res.names_of(fitting), now=self.stamp, explain=False)
         r.decision_s.append(time.perf_counter() - t0)
         for w in out.warnings:
             r.warnings[w] += 1

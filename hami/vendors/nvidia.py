@@ -6,6 +6,7 @@ Rules from hami-legacy-spec §1.1 (requests), §1.3 (selection annotations), §1
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,6 +49,8 @@ def parse_bool(value: str, *, field: str) -> bool:
 
 #: Container env that turns libvgpu's limits off (read by value, as the device plugin does).
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+#: Quantities whose unit makes them bytes (binary suffixes; decimal M and up), converted to bare MiB.
+_BYTE_FORM = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei|[MGTPE])$")
 _GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go strconv.ParseBool's true set
 
 
@@ -184,13 +187,14 @@ class NvidiaVendor:
         def field(r: str) -> str:
             return f"container {cname}: resources.limits[{r}]"
 
-        if n.count in present:
-            to_count(present[n.count], resource=field(n.count))
+        count = to_count(present[n.count], resource=field(n.count)) if n.count in present else None
         mem = None
         if n.memory and n.memory in present:
             mem = to_mib(present[n.memory], resource=field(n.memory), per_card=True)
+            # Only byte forms are rewritten: the API server stores 3000 as "3k" again, and a review of
+            # its own canonical form must not produce a patch (the webhook must be idempotent).
             for d in (limits, requests):
-                if n.memory in d and str(d[n.memory]) != str(mem):
+                if n.memory in d and _BYTE_FORM.search(str(d[n.memory]).strip()):
                     d[n.memory] = str(mem)
         pct = None
         if n.memory_percentage and n.memory_percentage in present:
@@ -208,8 +212,8 @@ class NvidiaVendor:
                 raise InvalidRequest(f"{field(n.priority)}: {prio!r} must be an integer (0 high, 1 low)")
             set_env(container, ENV_TASK_PRIORITY, prio)
 
-        uses = n.count in present
-        if not uses and any(r and r in limits for r in (n.memory, n.memory_percentage, n.cores)):
+        uses = bool(count)
+        if count is None and any(r and r in limits for r in (n.memory, n.memory_percentage, n.cores)):
             if cfg.defaultGPUNum > 0:
                 limits[n.count] = str(cfg.defaultGPUNum)
                 uses = True

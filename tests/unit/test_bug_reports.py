@@ -159,11 +159,6 @@ def test_X06_list_written_by_hami_padding_regression_is_counted_per_app_containe
     assert cs.usage_snapshot()["n"] == {"GPU-n-0": (2, 5000, 50)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster.py trims finished init entries by index before aligning a short HAMi list "
-    "(needs A.align_pod_devices right after decode in ClusterState.upsert_pod)",
-)
 def test_X06_regression_list_after_init_done_keeps_app_usage():
     cs = state(node("n", cards("n", 1)))
     p = pod(ctr("a", gpu=1, mem=2500, cores=25), ctr("b", gpu=1, mem=2500, cores=25), init=[ctr("busybox")])
@@ -397,11 +392,6 @@ def test_S01_request_larger_than_the_card_stays_pending():
 # --- the filter's pre-check must not reject nodes the fit accepts ------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster._needs merges the largest nums/mem/cores of different containers into one demand "
-    "(recommended: check each container request separately)",
-)
 def test_summary_precheck_does_not_merge_different_containers_demands():
     cs = state(node("n", cards("n", 2, mem=16384)))
     busy = pod(ctr(gpu=1, mem=8000, cores=10))
@@ -452,11 +442,6 @@ def test_every_vendor_key_has_one_entry_per_container_init_first():
     assert out.annotations["hami.io/dcu-devices-to-allocate"] == ";;DCU-m-0,DCU,2000,100:;"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster._init_done waits for every init container to terminate, but a native sidecar "
-    "(restartPolicy: Always) never does, so a finished init container's usage is never released",
-)
 def test_finished_init_container_is_released_while_a_native_sidecar_runs():
     cs = state(node("n", cards("n", 1)))
     side = ctr("side", gpu=1, mem=1000, cores=10) | {"restartPolicy": "Always"}

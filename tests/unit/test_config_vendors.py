@@ -188,3 +188,20 @@ def test_quota_state_and_pod_demand():
     assert "needs 9000 MiB of nvidia.com/gpumem" in q.exceeds_alone("a", demand)
     q.remove_quota("a", "q2")
     assert q.limit("a", "nvidia.com/gpumem") == 10000
+
+
+def test_mutate_keeps_the_api_servers_canonical_mib_form_and_idempotent():
+    # The API server stores gpumem: 3000 as "3k"; rewriting it to "3000" would patch on every review.
+    c = ctr(gpu=1, mem="3k")
+    NV.mutate_container(c, pod={"spec": {}})
+    assert c["resources"]["limits"]["nvidia.com/gpumem"] == "3k"
+    c = ctr(gpu=1, mem="2Gi")
+    NV.mutate_container(c, pod={"spec": {}})
+    assert c["resources"]["limits"]["nvidia.com/gpumem"] == "2048"
+
+
+def test_mutate_zero_gpus_is_not_a_device_container():
+    c = ctr(gpu=0, mem=1000)
+    r = NV.mutate_container(c, pod={"spec": {}})
+    assert r.uses_device is False
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": "0", "nvidia.com/gpumem": "1000"}

@@ -489,9 +489,9 @@ def test_prefer_leaves_unavailable_cards_to_kubelet():
     ],
 )  # fmt: skip
 def test_disable_control_is_read_by_value(env, want):
-    from device_plugin.allocator import _env_true
+    from hami.vendors.nvidia import control_disabled
 
-    assert _env_true({"name": "c", "env": env}, "CUDA_DISABLE_CONTROL") is want
+    assert control_disabled({"name": "c", "env": env}) is want
 
 
 class EventNvml(FakeNvml):
