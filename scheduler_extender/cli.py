@@ -39,6 +39,7 @@ from scheduler_extender.events import EVENT_LEVELS, EventSink
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.runtime import Runtime
 from scheduler_extender.service import Extender, Settings
+from scheduler_extender.sync import Inflight
 from scheduler_extender.wire import MAX_BODY_BYTES
 
 log = logging.getLogger("scheduler_extender")
@@ -200,12 +201,14 @@ class Server:
                 "renew_deadline_s": args.leader_elect_renew_deadline,
                 "retry_period_s": args.leader_elect_retry_period,
             }
+        self.inflight = Inflight(args.reservation_ttl)
         self.runtime = Runtime(
             self.client,
             self.state,
             metrics=self.metrics,
             election=election,
             sync_options={
+                "inflight": self.inflight,
                 "register_interval_s": args.register_interval,
                 "handshake_timeout_s": args.handshake_timeout,
                 "reservation_ttl_s": args.reservation_ttl,
@@ -223,11 +226,17 @@ class Server:
             metrics=self.metrics,
             events=self.events,
             readiness=self.runtime.readiness,
+            inflight=self.inflight,
+            pod_lookup=self._cached_pod,
         )
         self.app = make_app(self.extender, max_body_bytes=args.max_request_bytes)
         self.ssl_context = tls_context(args.tls_cert_file, args.tls_private_key_file)
         self.port = 0
         self._runner: web.AppRunner | None = None
+
+    def _cached_pod(self, namespace: str, name: str) -> dict | None:
+        sync = self.runtime.sync
+        return sync.cached_pod(namespace, name) if sync is not None else None
 
     @property
     def url(self) -> str:

@@ -83,6 +83,9 @@ class Runtime:
             sync.stop()
             # A standby must not keep serving from (or counting into) the old term's view.
             self.state.rebuild([], [], [])
+            inflight = self.sync_options.get("inflight")
+            if inflight is not None:
+                inflight.clear()
             log.info("term %d ended; state cleared", self.term)
         self._gauges()
 

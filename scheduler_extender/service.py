@@ -12,7 +12,9 @@ Rules this module keeps (k8s-protocols §1.2/§1.8, hami-legacy-spec §2.3/§2.7
   concurrent filters never take the same capacity. The only API call on the filter path is the pod
   patch that records the decision (``hami.io/vgpu-node`` annotation and label, ``hami.io/vgpu-time``,
   the vendors' device lists); if it fails the reservation is released and the reply is an ``Error``.
-  Events are queued, never awaited.
+  For a pod placed by an earlier filter that now fits nowhere, that one patch removes the stale
+  allocation instead. Events are queued, never awaited. Decisions and pod events are serialised
+  through `sync.Inflight`, so a late event cannot undo a newer reservation.
 * Bind takes the node lock, marks the pod ``hami.io/bind-phase: allocating`` with ``hami.io/bind-time``,
   then creates the Binding. A failure after the lock releases the lock (owner-checked); a pod or node
   that is gone also releases the reservation. Other failures keep the reservation: the pod still carries
@@ -39,6 +41,7 @@ from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention,
 from hami.nodelock import NODE_LOCK_EXPIRY_S, lock_node, release_node_lock
 from scheduler_extender import events as ev
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.sync import Inflight
 from scheduler_extender.wire import (
     BindArgs,
     FilterArgs,
@@ -75,6 +78,8 @@ class Extender:
     """Filter and bind over `state` and `client` (a `hami.kube.KubeClient`, or None for no API writes).
 
     `readiness()` returns None when this replica may serve, else why not (standby, caches syncing).
+    `pod_lookup(namespace, name)` returns the watched copy of a pod (or None); bind uses it to answer a
+    retried bind of an already-bound pod without taking the node lock again.
     """
 
     def __init__(
@@ -86,8 +91,12 @@ class Extender:
         metrics: ExtenderMetrics | None = None,
         events: ev.EventSink | None = None,
         readiness: Callable[[], str | None] = lambda: None,
+        inflight: Inflight | None = None,
+        pod_lookup: Callable[[str, str], dict[str, Any] | None] = lambda _ns, _name: None,
     ) -> None:
         self.state = state
+        self.pod_lookup = pod_lookup
+        self.inflight = inflight if inflight is not None else Inflight()
         self.client = client
         self.settings = settings or Settings()
         self.metrics = metrics or ExtenderMetrics(state)
@@ -143,7 +152,16 @@ class Extender:
     def _filter_sync(self, args: FilterArgs) -> dict[str, Any]:
         pod = args.pod
         meta = pod["metadata"]
-        outcome, error_reason = self._decide(args)
+        with self.inflight.lock:
+            # Atomic with the pod watch: no event older than this decision can undo its reservation.
+            placed_before = self.state.pod_node(meta["uid"]) is not None or A.ASSIGNED_NODE in (
+                meta.get("annotations") or {}
+            )
+            outcome, error_reason = self._decide(args)
+            if outcome.node is not None:
+                self.inflight.expect(meta["uid"], outcome.annotations)
+            elif placed_before and not outcome.error and not outcome.no_devices:
+                self.inflight.expect(meta["uid"], self._cleared())
         if outcome.no_devices:
             self.metrics.filters.labels("passthrough").inc()
             return filter_result(args, passed=list(args.names))
@@ -156,10 +174,13 @@ class Extender:
         if outcome.node is not None and outcome.node not in sent:
             # Cannot happen (the state chooses among the names sent); never hold capacity for it.
             self.state.release_reservation(meta["uid"])
+            self.inflight.forget(meta["uid"])
             outcome.node = None
         if outcome.node is None:
             for n in args.names:
                 failed.setdefault(n, "no fit")
+            if placed_before:
+                self._clear(pod)
             self.metrics.filter_failed("no_fit")
             self.metrics.filters.labels("unschedulable").inc()
             self.events.emit(
@@ -169,6 +190,7 @@ class Extender:
         error = self._record(pod, outcome)
         if error is not None:
             self.state.release_reservation(meta["uid"])
+            self.inflight.forget(meta["uid"])
             self.metrics.filter_failed("patch")
             self.events.emit(pod, reason=ev.FILTERING_FAILED, message=error, warning=True)
             return filter_result(args, error=error)
@@ -183,6 +205,36 @@ class Extender:
             message=ev.filtering_succeed_message(outcome.node, cards, len(failed)),
         )
         return filter_result(args, passed=[outcome.node], failed=failed)
+
+    def _cleared(self) -> dict[str, str | None]:
+        keys: dict[str, str | None] = {A.ASSIGNED_NODE: None, A.ASSIGNED_TIME: None}
+        for v in self.state.vendors.values():
+            keys[v.allocated_key] = None
+            if v.to_allocate_key:
+                keys[v.to_allocate_key] = None
+        return keys
+
+    def _clear(self, pod: dict[str, Any]) -> None:
+        """A re-filtered pod that now fits nowhere: remove the allocation an earlier filter wrote.
+
+        Its reservation is already gone from the state; left on the pod, the stale annotations would be
+        counted again by the next pod event or a restarted replica (HAMi keeps such phantom usage
+        until the pod is deleted). Best effort: on failure the old allocation simply stays counted.
+        """
+        if self.client is None:
+            return
+        meta = pod["metadata"]
+        try:
+            self.client.patch_pod_metadata(
+                meta.get("namespace") or "default",
+                meta["name"],
+                annotations=self._cleared(),
+                labels={A.ASSIGNED_NODE: None},
+                uid=meta["uid"],
+            )
+        except HamiError as e:
+            self.inflight.forget(meta["uid"])
+            log.info("pod %s: stale allocation not removed: %s", _pod_name(pod), e)
 
     def _record(self, pod: dict[str, Any], outcome: FilterOutcome) -> str | None:
         """Patch the decision onto the pod (only this incarnation: its UID). Returns an error text or None."""
@@ -255,6 +307,15 @@ class Extender:
                 raise BindFailure("pod_gone", f"binding {who} to {node} failed: the pod no longer exists")
             uid = (pod.get("metadata") or {}).get("uid", "")
             a = BindArgs(name, ns, uid, node)
+        cached = self.pod_lookup(ns, name)
+        if cached is not None and (not uid or (cached.get("metadata") or {}).get("uid") == uid):
+            bound = (cached.get("spec") or {}).get("nodeName")
+            if bound == node:
+                return  # a retried bind of a pod that is already bound: nothing to take again
+            if bound:
+                raise BindFailure(
+                    "bind", f"binding {who} to {node} failed: the pod is already bound to {bound}"
+                )
         reserved = self.state.pod_node(uid) if uid else None
         if reserved is not None and reserved != node:
             raise BindFailure(
@@ -353,6 +414,7 @@ class Extender:
     def _release_reservation(self, uid: str) -> None:
         if uid:
             self.state.release_reservation(uid)
+            self.inflight.forget(uid)
 
     def _unlock(self, node: str, ns: str, name: str) -> None:
         try:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from hami.annotations import ASSIGNED_NODE as NODE_ASSIGNED
 from hami.annotations import NODE_LOCK
 from hami.cluster import ClusterState
 from hami.errors import HamiError
@@ -30,6 +32,64 @@ from hami.kube import KubeClient, Reflector
 from hami.registration import HANDSHAKE_TIMEOUT_S, check_node
 
 log = logging.getLogger(__name__)
+
+
+class Inflight:
+    """Allocation annotations this replica has written (filter) and not yet seen come back in a pod event.
+
+    Why: a watch event can be older than a reservation. A pod filtered onto card X, refused at bind and
+    filtered again onto card Y has its reservation moved to Y; the event of the first patch (card X)
+    may arrive only now. Applied, it would move the pod's usage back to X and free Y for another pod
+    while the API server says Y: an overcommitted card once the second event lands (found by the burst
+    property test). Only the scheduler writes these annotations, so while a write of ours is pending,
+    an event carrying a different allocation for that pod is older than our write and is skipped.
+
+    `lock` makes "decide + reserve + expect" (the extender) and "check + apply" (the pod watch) atomic
+    with respect to each other. Entries end when the matching event arrives, when the pod is deleted
+    or terminal, when the write failed (`forget`), or after `ttl_s`.
+    """
+
+    def __init__(self, ttl_s: float = 60.0) -> None:
+        self.lock = threading.RLock()
+        self.ttl_s = ttl_s
+        self._by_uid: dict[str, tuple[dict[str, str | None], float]] = {}
+
+    def expect(self, uid: str, annotations: Mapping[str, str | None]) -> None:
+        """Our write of `annotations` (None = key removed) to pod `uid` is on its way."""
+        with self.lock:
+            self._by_uid[uid] = (dict(annotations), time.monotonic())
+
+    def forget(self, uid: str) -> None:
+        with self.lock:
+            self._by_uid.pop(uid, None)
+
+    def clear(self) -> None:
+        with self.lock:
+            self._by_uid.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+    def admits(self, pod: dict[str, Any]) -> bool:
+        """Whether a pod event may be applied (False: it predates our pending write for that pod)."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid", "")
+        with self.lock:
+            entry = self._by_uid.get(uid)
+            if entry is None:
+                return True
+            expected, since = entry
+            annos = meta.get("annotations") or {}
+            phase = (pod.get("status") or {}).get("phase")
+            if (
+                all(annos.get(k) == v for k, v in expected.items())
+                or phase in ("Succeeded", "Failed")
+                or time.monotonic() - since > self.ttl_s
+            ):
+                del self._by_uid[uid]
+                return True
+            # Not placed at all (e.g. the creation event, late): harmless, the state keeps the reservation.
+            return NODE_ASSIGNED not in annos
 
 
 def _node_inputs(node: dict[str, Any]) -> tuple[Any, Any]:
@@ -58,8 +118,10 @@ class ClusterSync:
         write_handshakes: bool = True,
         watch_timeout_s: float = 300.0,
         clock: Callable[[], datetime] = datetime.now,
+        inflight: Inflight | None = None,
     ) -> None:
         self.client = client
+        self.inflight = inflight if inflight is not None else Inflight(reservation_ttl_s)
         self.state = state
         self.register_interval_s = register_interval_s
         self.handshake_timeout_s = handshake_timeout_s
@@ -172,14 +234,16 @@ class ClusterSync:
                 self.state.remove_node(name)
 
     def _pod_event(self, pod: dict[str, Any]) -> None:
-        with self._lock:
-            if not self._closed:
+        with self._lock, self.inflight.lock:
+            if not self._closed and self.inflight.admits(pod):
                 self.state.upsert_pod(pod)
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:
-        with self._lock:
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        with self._lock, self.inflight.lock:
             if not self._closed:
-                self.state.remove_pod((pod.get("metadata") or {}).get("uid", ""))
+                self.inflight.forget(uid)
+                self.state.remove_pod(uid)
 
     def _quota_event(self, quota: dict[str, Any]) -> None:
         with self._lock:

@@ -19,6 +19,7 @@ from tests.integration.test_extender_harness import (
     api_server,
     cards,
     create_pod,
+    dp_allocated,
     eventually,
     gpu_node,
     gpu_pod,
@@ -239,8 +240,23 @@ async def test_binding_conflict_when_already_bound_to_the_same_node_is_success(
     api, sched = fake_apiserver, Scheduler(session, extender.url)
     pod = await filtered(api, sched, "twice")
     assert await sched.bind(pod, "node1") == {"Error": ""}
-    # kube-scheduler timed out on our reply and retried the same bind.
+    # kube-scheduler timed out on our reply and retried the same bind (before the watch saw the Binding).
     assert await sched.bind(pod, "node1") == {"Error": ""}
+    # The device plugin has allocated and released the lock; a late retry must not lock the node again.
+    dp_allocated(api, pod, "node1")
+
+    def cached_phase() -> str | None:
+        cached = extender.runtime.sync.cached_pod("default", "twice") or {}
+        return (cached.get("metadata", {}).get("annotations") or {}).get(A.BIND_PHASE)
+
+    await eventually(lambda: cached_phase() == "success", what="the watch saw the allocation")
+    assert await sched.bind(pod, "node1") == {"Error": ""}
+    assert lock_of(api, "node1") is None
+    annotations = api.store.get("pods", "twice", namespace="default")["metadata"]["annotations"]
+    assert annotations[A.BIND_PHASE] == "success"
+    # A bind to another node of a pod bound here is refused.
+    other = await sched.bind(pod, "node2")
+    assert other == {"Error": "binding pod default/twice to node2 failed: the pod is already bound to node1"}
 
 
 async def test_lock_contention_is_reported_with_the_holder(fake_apiserver, extender, session) -> None:
@@ -275,3 +291,55 @@ async def test_dropped_and_expired_watches_are_recovered(fake_apiserver, extende
     result = await sched.filter(pod, ["node3", "node4"])
     assert len(result["NodeNames"]) == 1
     assert sync.nodes.list_count >= lists_before
+
+
+async def test_a_late_event_of_an_earlier_placement_does_not_move_the_reservation(
+    fake_apiserver, extender, session
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = create_pod(api, gpu_pod("late", mem=1000, cores=10))
+    first = await sched.filter(pod, ["node1"])
+    assert first["NodeNames"] == ["node1"]
+    stale = api.store.get("pods", "late", namespace="default")  # carries the first placement (card X)
+    card_x = stale["metadata"]["annotations"][A.NVIDIA_ALLOCATED].split(",")[0]
+    await eventually(lambda: len(extender.inflight) == 0, what="first placement seen")
+    sync = extender.runtime.sync
+    sync._lock.acquire()  # the pod watch stalls, so the event of the first placement can come late
+    try:
+        # kube-scheduler retries (say the bind failed); this time card X is excluded by the pod.
+        retry = dict(pod, metadata={**pod["metadata"], "annotations": {"nvidia.com/nouse-gpuuuid": card_x}})
+        second = await sched.filter(retry, ["node1"])
+        assert second["NodeNames"] == ["node1"]
+        card_y = api.store.get("pods", "late", namespace="default")["metadata"]["annotations"][
+            A.NVIDIA_ALLOCATED
+        ]
+        card_y = card_y.split(",")[0]
+        assert card_y != card_x
+        assert sync.inflight is extender.inflight and len(extender.inflight) == 1
+        sync._pod_event(stale)  # e.g. a status update written between the two placements, delivered now
+        # Applied, it would move the usage back to X and leave Y free for another pod.
+        assert extender.state.usage_snapshot()["node1"] == {card_y: (1, 1000, 10)}
+    finally:
+        sync._lock.release()
+    await eventually(lambda: len(extender.inflight) == 0, what="second placement seen")
+    assert extender.state.usage_snapshot()["node1"] == {card_y: (1, 1000, 10)}
+
+
+async def test_a_placed_pod_that_now_fits_nowhere_loses_its_stale_allocation(
+    fake_apiserver, extender, session
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    pod = await filtered(api, sched, "moved")
+    big = {**pod, "metadata": dict(pod["metadata"])}
+    big["spec"] = {**pod["spec"], "containers": [dict(pod["spec"]["containers"][0])]}
+    big["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "3"}}  # 3 cards: nowhere
+    result = await sched.filter(big, ["node1", "node2"])
+    assert result["NodeNames"] == [] and result["Error"] == ""
+    stored = api.store.get("pods", "moved", namespace="default")["metadata"]
+    assert not {A.ASSIGNED_NODE, A.NVIDIA_ALLOCATED, A.NVIDIA_TO_ALLOCATE, A.ASSIGNED_TIME} & set(
+        stored.get("annotations") or {}
+    )
+    assert A.ASSIGNED_NODE not in (stored.get("labels") or {})
+    await eventually(lambda: len(extender.inflight) == 0, what="clearing event applied")
+    assert extender.state.pod_node(pod["metadata"]["uid"]) is None
+    assert extender.state.usage_snapshot()["node1"] == {}
