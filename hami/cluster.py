@@ -628,9 +628,18 @@ class ClusterState:
         nodes: Iterable[Mapping[str, Any]],
         pods: Iterable[Mapping[str, Any]],
         quotas: Iterable[Mapping[str, Any]] = (),
+        *,
+        keep_reservations: bool = False,
     ) -> None:
-        """Replace the whole state by what these objects say (restart, relist, failover)."""
+        """Replace the whole state by what these objects say (restart, relist, failover).
+
+        With `keep_reservations`, reservations made by `filter` that no pod event has confirmed yet
+        survive when the listed pods do not account for them (a relist in the middle of a leadership
+        term must not free capacity whose patch is still in flight); at startup and failover the API
+        server alone is the truth, so the default drops them.
+        """
         with self._lock:
+            pending = [p for p in self._pods.values() if p.reserved] if keep_reservations else []
             self._nodes.clear()
             self._pods.clear()
             self.quota = QuotaState(self.vendors)
@@ -640,6 +649,9 @@ class ClusterState:
                 self.upsert_node(n)
             for p in pods:
                 self.upsert_pod(p)
+            for p in pending:
+                if p.uid not in self._pods:
+                    self._add_record(p)
 
     def card_stats(self) -> list[CardStat]:
         """Every registered card with its usage, ordered by node then card index."""
@@ -674,13 +686,7 @@ class ClusterState:
 
     def quota_stats(self) -> list[tuple[str, str, int, int]]:
         """(namespace, resource, used, limit) for every quota-limited resource (HAMi's quota metrics)."""
-        q = self.quota
-        with q._lock:  # noqa: SLF001 - a read-only snapshot of QuotaState's counters
-            return [
-                (ns, res, q._used.get(ns, {}).get(res, 0), limit)
-                for ns in sorted(q._limits)
-                for res, limit in sorted(q._limits[ns].items())
-            ]
+        return self.quota.snapshot()
 
     def pod_node(self, uid: str) -> str | None:
         """The node a pod is counted on (reserved or confirmed), or None."""

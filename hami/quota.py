@@ -128,6 +128,15 @@ class QuotaState:
             return False
         return not (n.cores in limits and used.get(n.cores, 0) + cores > limits[n.cores])
 
+    def snapshot(self) -> list[tuple[str, str, int, int]]:
+        """(namespace, resource, used, limit) for every limited resource, sorted (for metrics)."""
+        with self._lock:
+            return [
+                (ns, res, self._used.get(ns, {}).get(res, 0), limit)
+                for ns in sorted(self._limits)
+                for res, limit in sorted(self._limits[ns].items())
+            ]
+
     def has_limits(self, namespace: str) -> bool:
         return namespace in self._limits
 

@@ -188,3 +188,24 @@ def test_incremental_state_equals_rebuild(evs):
     rebuilt = ClusterState()
     rebuilt.rebuild(nodes, live)
     assert rebuilt.usage_snapshot() == cs.usage_snapshot()
+
+
+def test_rebuild_can_keep_unconfirmed_reservations():
+    cs = ClusterState()
+    n = node("n", cards("n", 1))
+    cs.upsert_node(n)
+    cs.filter(pod(ctr(gpu=1, mem=8000, cores=10)), ["n"])
+    cs.rebuild([n], [], keep_reservations=True)
+    assert cs.usage_snapshot()["n"] == {"GPU-n-0": (1, 8000, 10)}
+    cs.rebuild([n], [])
+    assert cs.usage_snapshot()["n"] == {}
+
+
+def test_quota_snapshot_for_metrics():
+    cs = ClusterState()
+    cs.upsert_node(node("n", cards("n", 2)))
+    cs.upsert_quota(
+        {"metadata": {"namespace": "t", "name": "q"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "30000"}}}
+    )
+    cs.filter(pod(ctr(gpu=2, mem=8000), ns="t"), ["n"])
+    assert cs.quota_stats() == [("t", "nvidia.com/gpumem", 16000, 30000)]
