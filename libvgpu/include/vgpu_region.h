@@ -1,5 +1,5 @@
 /*
- * vgpu_region.h - the binary layout of the shared accounting region (version 2.0).
+ * vgpu_region.h - the binary layout of the shared accounting region (version 2.1).
  *
  * Why this header exists: every process of a container maps the same file
  * (CUDA_DEVICE_MEMORY_SHARED_CACHE) and the node monitor maps it too, from another
@@ -22,7 +22,7 @@
 
 #define VGPU_REGION_MAGIC 0x55504756u /* bytes "VGPU" in file order */
 #define VGPU_REGION_MAJOR 2u
-#define VGPU_REGION_MINOR 0u
+#define VGPU_REGION_MINOR 1u
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_SLOTS 1024
 #define VGPU_HEADER_SIZE 4096u
@@ -53,8 +53,8 @@ typedef struct {
     uint64_t start_time;                      /* 8   /proc/<pid>/stat starttime (clock ticks), pid-reuse guard */
     _Atomic uint64_t used[VGPU_MAX_DEVICES];  /* 16  all device bytes this process holds */
     _Atomic uint64_t data[VGPU_MAX_DEVICES];  /* 144 of which allocations (linear, managed, async, VMM, arrays) */
-    _Atomic uint64_t context[VGPU_MAX_DEVICES]; /* 272 of which context (reserved, 0 in 2.0) */
-    _Atomic uint64_t module[VGPU_MAX_DEVICES];  /* 400 of which modules (reserved, 0 in 2.0) */
+    _Atomic uint64_t context[VGPU_MAX_DEVICES]; /* 272 of which contexts (primary and cuCtxCreate) */
+    _Atomic uint64_t module[VGPU_MAX_DEVICES];  /* 400 of which module images (since 2.1) */
     uint8_t reserved[48];                     /* 528..576 */
 } vgpu_slot_t;
 

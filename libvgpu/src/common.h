@@ -60,9 +60,16 @@ int vgpu_device_find(const char *uuid);
 /* Reserve `bytes` on region device `rdev` for this process. 0 ok, -1 over the limit. */
 int vgpu_reserve(int rdev, uint64_t bytes);
 void vgpu_unreserve(int rdev, uint64_t bytes);
+/* Module memory: like vgpu_reserve (limit checked) but counted in module[], not data[]. */
+int vgpu_reserve_module(int rdev, uint64_t bytes);
+void vgpu_unreserve_module(int rdev, uint64_t bytes);
+/* Bytes this process holds on `rdev` (its own slot's used[]), 0 before it has a slot. */
+uint64_t vgpu_my_usage(int rdev);
 /* Context memory: charged without a limit check (the context exists already), kept apart. */
 void vgpu_charge_context(int rdev, uint64_t bytes);
 void vgpu_uncharge_context(int rdev, uint64_t bytes);
+/* Allocation memory that exists already (graph memory): into data[], without a limit check. */
+void vgpu_charge_data(int rdev, uint64_t bytes);
 uint64_t vgpu_device_usage(int rdev);  /* bytes held by all live processes */
 int vgpu_reap_dead(int force);         /* number of slots reclaimed */
 uint64_t vgpu_now_ns(void);
@@ -72,6 +79,37 @@ uint64_t vgpu_now_ns(void);
 int vgpu_rdev_of_cuda(int cudev);
 int vgpu_current_rdev(void);
 void vgpu_track_reset_after_fork(void);
+/* Context memory measured around a driver call that creates a context (NVML): begin before
+ * the call, end after it; end returns the bytes to charge (0 when it cannot tell). */
+typedef struct { void *h; int self_ok, dev_ok; uint64_t self0, dev0, mine0, cont0; } vgpu_measure_t;
+void vgpu_ctx_measure_begin(int rdev, vgpu_measure_t *m);
+uint64_t vgpu_ctx_measure_end(int rdev, vgpu_measure_t *m);
+/* (after - before) - (acct_after - acct_before), signed, clamped at 0: physical growth across a
+ * driver call less what we accounted meanwhile. */
+uint64_t vgpu_growth(uint64_t before, uint64_t after, uint64_t acct_before, uint64_t acct_after);
+
+/* ---- ctxmod.c: cuCtxCreate contexts and module images ---- */
+/* A context went away (destroyed, or the primary context released/reset): the driver freed
+ * its modules, so their charges are given back. */
+void vgpu_modules_drop_ctx(void *ctx);
+/* One measured driver call (context creation, module load) at a time per process. */
+void vgpu_measure_lock(void);
+void vgpu_measure_unlock(void);
+void vgpu_ctxmod_reset_after_fork(void);
+
+/* ---- pools.c: stream-ordered pools charged as the driver holds their memory ---- */
+/* The pool cuMemAllocAsync uses on CUDA ordinal `cudev` (cached; 0 when unknown). */
+uint64_t vgpu_device_pool(int cudev);
+/* Charges an allocation of `bytes` from pool `handle` on `rdev`: returns the pool's index
+ * (>= 0; *grown = the bytes newly charged), -1 when charged per allocation (no pool handle,
+ * table full), -2 over the limit (nothing charged). */
+int vgpu_pool_charge(int rdev, uint64_t handle, uint64_t bytes, uint64_t *grown);
+void vgpu_pool_undo(int idx, uint64_t bytes, uint64_t grown); /* the driver refused the allocation */
+void vgpu_pool_freed(int idx, uint64_t bytes);                 /* the pool keeps the memory */
+void vgpu_pools_synced(void);                                 /* after a program synchronisation */
+void vgpu_pools_reset_after_fork(void);
+/* After a graph launch: re-reads the device's graph-memory reservation (at most every 10 ms). */
+void vgpu_graphmem_after_launch(void);
 
 /* ---- smlimit.c ---- */
 void vgpu_sm_before_launch(void *stream);

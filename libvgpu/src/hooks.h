@@ -13,22 +13,27 @@
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) \
     X(cuDevicePrimaryCtxReset) X(cuDevicePrimaryCtxReset_v2) \
     X(cuGetProcAddress) X(cuGetProcAddress_v2) \
-    X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) \
+    X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemAllocPitch) X(cuMemAllocPitch_v2) X(cuMemAllocManaged) \
     X(cuMemAllocAsync) X(cuMemAllocAsync_ptsz) \
     X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz) \
     X(cuMemFree) X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) \
-    X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) \
+    X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2) X(cuArrayDestroy) \
     X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
     X(cuMemCreate) X(cuMemRelease) \
     X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
     X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
-    X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize)
+    X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) \
+    X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) \
+    X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) \
+    X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) \
+    X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
+    X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim)
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
-    R(cuStreamIsCapturing) R(cuDriverGetVersion)
+    R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

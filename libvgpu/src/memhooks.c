@@ -118,6 +118,7 @@ typedef struct track {
     int kind, rdev;
     uint64_t bytes;
     struct track *next;
+    int pool; /* pools.c index for stream-ordered allocations charged through their pool, else -1 */
 } track_t;
 #define NBUCKET 4096
 static track_t *buckets[NBUCKET];
@@ -128,10 +129,10 @@ static unsigned bucket_of(uint64_t key, int kind) {
     return (unsigned)(h >> 52) & (NBUCKET - 1);
 }
 
-static void track_add(int kind, uint64_t key, int rdev, uint64_t bytes) {
+static void track_add_pool(int kind, uint64_t key, int rdev, uint64_t bytes, int pool) {
     track_t *t = malloc(sizeof *t);
     if (!t) return;
-    *t = (track_t){key, kind, rdev, bytes, NULL};
+    *t = (track_t){key, kind, rdev, bytes, NULL, pool};
     unsigned b = bucket_of(key, kind);
     pthread_mutex_lock(&track_mu);
     t->next = buckets[b];
@@ -149,6 +150,8 @@ static track_t *track_take(int kind, uint64_t key) {
     return t;
 }
 
+static void track_add(int kind, uint64_t key, int rdev, uint64_t bytes) { track_add_pool(kind, key, rdev, bytes, -1); }
+
 /* Put an entry back when the real free failed (the memory is still held). */
 static void track_put(track_t *t) {
     unsigned b = bucket_of(t->key, t->kind);
@@ -161,11 +164,15 @@ static void track_put(track_t *t) {
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static int ctx_refs[MAX_ORD];
 static uint64_t ctx_charged[MAX_ORD];
+static void *primary_ctx[MAX_ORD]; /* handle of the retained primary context, for its modules */
 
 void vgpu_track_reset_after_fork(void) {
     pthread_mutex_init(&ctx_mu, NULL);
     memset(ctx_refs, 0, sizeof ctx_refs); /* CUDA contexts do not survive fork */
     memset(ctx_charged, 0, sizeof ctx_charged);
+    memset(primary_ctx, 0, sizeof primary_ctx);
+    vgpu_ctxmod_reset_after_fork();
+    vgpu_pools_reset_after_fork();
     pthread_mutex_init(&track_mu, NULL);
     pthread_mutex_init(&map_mu, NULL);
     for (int i = 0; i < NBUCKET; i++) {
@@ -208,7 +215,8 @@ static CUresult free_tracked(int kind, uint64_t key, CUresult (*do_free)(uint64_
     CUresult rc = do_free(key, arg);
     if (t) {
         if (rc == CUDA_SUCCESS) {
-            vgpu_unreserve(t->rdev, t->bytes);
+            if (t->pool >= 0) vgpu_pool_freed(t->pool, t->bytes);
+            else vgpu_unreserve(t->rdev, t->bytes);
             free(t);
         } else {
             track_put(t);
@@ -257,30 +265,54 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
     ALLOC_BODY("cuMemAllocManaged", bytes, CALL_REAL(fn, cuMemAllocManaged, dptr, bytes, flags), *dptr);
 }
 
+/* Stream-ordered allocations are charged through their pool's model (pools.c): memory the pool
+ * keeps after frees stays charged until a synchronisation or cuMemPoolTrimTo releases it. */
+#define POOL_ALLOC_BODY(api, bytes, poolh, realcall)                                           \
+    do {                                                                                       \
+        CUdevice d_;                                                                           \
+        int rdev_ = -1, pidx_ = -1;                                                            \
+        uint64_t grown_ = 0;                                                                   \
+        if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d_) == CUDA_SUCCESS)            \
+            rdev_ = vgpu_rdev_of_cuda((int)d_);                                                \
+        if (rdev_ >= 0) {                                                                      \
+            pidx_ = vgpu_pool_charge(rdev_, (poolh), (bytes), &grown_);                        \
+            if (pidx_ == -2) { log_oom(rdev_, (bytes), api); return CUDA_ERROR_OUT_OF_MEMORY; } \
+        }                                                                                      \
+        CUresult rc_ = (realcall);                                                             \
+        if (rc_ != CUDA_SUCCESS) {                                                             \
+            if (pidx_ >= 0) vgpu_pool_undo(pidx_, (bytes), grown_);                            \
+            else give_back(rdev_, (bytes));                                                    \
+            return rc_;                                                                        \
+        }                                                                                      \
+        if (rdev_ >= 0) track_add_pool(K_PTR, (uint64_t)*dptr, rdev_, (bytes), pidx_);         \
+        return rc_;                                                                            \
+    } while (0)
+
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
     typedef CUresult (*fn)(CUdeviceptr *, size_t, CUstream);
     if (off() || !dptr) return CALL_REAL(fn, cuMemAllocAsync, dptr, bytes, s);
-    ALLOC_BODY("cuMemAllocAsync", bytes, CALL_REAL(fn, cuMemAllocAsync, dptr, bytes, s), *dptr);
+    POOL_ALLOC_BODY("cuMemAllocAsync", bytes, vgpu_device_pool((int)d_), CALL_REAL(fn, cuMemAllocAsync, dptr, bytes, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
     typedef CUresult (*fn)(CUdeviceptr *, size_t, CUstream);
     if (off() || !dptr) return CALL_REAL(fn, cuMemAllocAsync_ptsz, dptr, bytes, s);
-    ALLOC_BODY("cuMemAllocAsync_ptsz", bytes, CALL_REAL(fn, cuMemAllocAsync_ptsz, dptr, bytes, s), *dptr);
+    POOL_ALLOC_BODY("cuMemAllocAsync_ptsz", bytes, vgpu_device_pool((int)d_),
+                    CALL_REAL(fn, cuMemAllocAsync_ptsz, dptr, bytes, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
     typedef CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
     if (off() || !dptr) return CALL_REAL(fn, cuMemAllocFromPoolAsync, dptr, bytes, pool, s);
-    ALLOC_BODY("cuMemAllocFromPoolAsync", bytes, CALL_REAL(fn, cuMemAllocFromPoolAsync, dptr, bytes, pool, s),
-               *dptr);
+    POOL_ALLOC_BODY("cuMemAllocFromPoolAsync", bytes, (uint64_t)(uintptr_t)pool,
+                    CALL_REAL(fn, cuMemAllocFromPoolAsync, dptr, bytes, pool, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s) {
     typedef CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
     if (off() || !dptr) return CALL_REAL(fn, cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, s);
-    ALLOC_BODY("cuMemAllocFromPoolAsync_ptsz", bytes,
-               CALL_REAL(fn, cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, s), *dptr);
+    POOL_ALLOC_BODY("cuMemAllocFromPoolAsync_ptsz", bytes, (uint64_t)(uintptr_t)pool,
+                    CALL_REAL(fn, cuMemAllocFromPoolAsync_ptsz, dptr, bytes, pool, s));
 }
 
 /* Pitch: the driver picks the pitch, so reserve an estimate (rows padded to 512 bytes)
@@ -303,6 +335,33 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
             CALL_REAL(ffn, cuMemFree_v2, *dptr);
             give_back(rdev, est);
             log_oom(rdev, actual, "cuMemAllocPitch_v2");
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (actual < est) {
+        give_back(rdev, est - actual);
+    }
+    track_add(K_PTR, *dptr, rdev, actual);
+    return rc;
+}
+
+/* The v1 ABI (CUDA < 3.2: 32-bit pointer, pitch and sizes), same rule. */
+VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1_ *dptr, unsigned int *pitch, unsigned int width,
+                                     unsigned int height, unsigned int elem) {
+    typedef CUresult (*fn)(CUdeviceptr_v1_ *, unsigned int *, unsigned int, unsigned int, unsigned int);
+    typedef CUresult (*ffn)(CUdeviceptr_v1_);
+    if (off() || !dptr || !pitch) return CALL_REAL(fn, cuMemAllocPitch, dptr, pitch, width, height, elem);
+    uint64_t est = ((uint64_t)width + 511) / 512 * 512 * (uint64_t)height;
+    int rdev = reserve_current(est, "cuMemAllocPitch");
+    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CALL_REAL(fn, cuMemAllocPitch, dptr, pitch, width, height, elem);
+    if (rc != CUDA_SUCCESS) { give_back(rdev, est); return rc; }
+    if (rdev < 0) return rc;
+    uint64_t actual = (uint64_t)*pitch * (uint64_t)height;
+    if (actual > est) {
+        if (vgpu_reserve(rdev, actual - est) != 0) {
+            CALL_REAL(ffn, cuMemFree, *dptr);
+            give_back(rdev, est);
+            log_oom(rdev, actual, "cuMemAllocPitch");
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     } else if (actual < est) {
@@ -376,6 +435,38 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIP
     int rdev = reserve_current(bytes, "cuArray3DCreate_v2");
     if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(fn, cuArray3DCreate_v2, arr, desc);
+    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
+    if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
+    return rc;
+}
+
+/* v1 descriptors (CUDA < 3.2): 32-bit dimensions. */
+typedef struct { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; } array_desc_v1_t;
+typedef struct {
+    unsigned int Width, Height, Depth;
+    CUarray_format Format;
+    unsigned int NumChannels, Flags;
+} array3d_desc_v1_t;
+
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const array_desc_v1_t *desc) {
+    typedef CUresult (*fn)(CUarray *, const array_desc_v1_t *);
+    if (off() || !arr || !desc) return CALL_REAL(fn, cuArrayCreate, arr, desc);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
+    int rdev = reserve_current(bytes, "cuArrayCreate");
+    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CALL_REAL(fn, cuArrayCreate, arr, desc);
+    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
+    if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const array3d_desc_v1_t *desc) {
+    typedef CUresult (*fn)(CUarray *, const array3d_desc_v1_t *);
+    if (off() || !arr || !desc) return CALL_REAL(fn, cuArray3DCreate, arr, desc);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    int rdev = reserve_current(bytes, "cuArray3DCreate");
+    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CALL_REAL(fn, cuArray3DCreate, arr, desc);
     if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
     if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
     return rc;
@@ -537,23 +628,54 @@ static int nvml_self_used(void *h, uint64_t *used) {
     return -1;
 }
 
+/* Measured as a difference across the call, so it stays right when the process already holds
+ * memory (another context, allocations): this process's own NVML entry when its pid is
+ * visible after the call (an entry missing before the call counts as 0: a process without a
+ * context is not listed), else the device's used memory. From either difference the growth
+ * of what we already account in the same window is taken off (this process's slot for the
+ * own entry, the whole container for the device figure), so allocations made by other threads
+ * or neighbours of the container meanwhile are not charged twice. */
+void vgpu_ctx_measure_begin(int rdev, vgpu_measure_t *m) {
+    *m = (vgpu_measure_t){0};
+    m->h = rdev >= 0 ? nvml_handle_of(rdev) : NULL;
+    if (!m->h) return;
+    m->self_ok = nvml_self_used(m->h, &m->self0) == 0;
+    if (!m->self_ok) m->self0 = 0;
+    m->dev_ok = nvml_used(m->h, &m->dev0) == 0;
+    m->mine0 = vgpu_my_usage(rdev);
+    m->cont0 = vgpu_device_usage(rdev);
+}
+
+uint64_t vgpu_growth(uint64_t before, uint64_t after, uint64_t acct_before, uint64_t acct_after) {
+    /* signed: a neighbour's free inside the window lowers both figures alike */
+    int64_t g = (int64_t)(after - before) - (int64_t)(acct_after - acct_before);
+    return g > 0 ? (uint64_t)g : 0;
+}
+
+uint64_t vgpu_ctx_measure_end(int rdev, vgpu_measure_t *m) {
+    uint64_t after, charge = 0;
+    if (!m->h) return 0;
+    if (nvml_self_used(m->h, &after) == 0) charge = vgpu_growth(m->self0, after, m->mine0, vgpu_my_usage(rdev));
+    else if (m->dev_ok && nvml_used(m->h, &after) == 0)
+        charge = vgpu_growth(m->dev0, after, m->cont0, vgpu_device_usage(rdev));
+    return charge > CTX_CHARGE_MAX ? CTX_CHARGE_MAX : charge;
+}
+
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     typedef CUresult (*fn)(CUcontext *, CUdevice);
     if (off() || dev < 0 || dev >= MAX_ORD) return CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
     pthread_mutex_lock(&ctx_mu);
     int first = ctx_refs[dev] == 0;
     int rdev = first ? vgpu_rdev_of_cuda((int)dev) : -1;
-    void *h = rdev >= 0 ? nvml_handle_of(rdev) : NULL;
-    uint64_t before = 0, after = 0, charge = 0;
-    int have_before = h && nvml_used(h, &before) == 0;
+    vgpu_measure_t m;
+    if (rdev >= 0) vgpu_measure_lock();
+    vgpu_ctx_measure_begin(rdev, &m);
     CUresult rc = CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
+    uint64_t charge = rc == CUDA_SUCCESS ? vgpu_ctx_measure_end(rdev, &m) : 0;
+    if (rdev >= 0) vgpu_measure_unlock();
     if (rc == CUDA_SUCCESS) {
         ctx_refs[dev]++;
-        if (h && nvml_self_used(h, &charge) != 0) {
-            charge = 0;
-            if (have_before && nvml_used(h, &after) == 0 && after > before) charge = after - before;
-        }
-        if (charge > CTX_CHARGE_MAX) charge = CTX_CHARGE_MAX;
+        if (pctx) primary_ctx[dev] = *pctx;
         if (charge) {
             vgpu_charge_context(rdev, charge);
             ctx_charged[dev] = charge;
@@ -572,7 +694,9 @@ static void ctx_drop(CUdevice dev, int all) {
         vgpu_uncharge_context(vgpu_rdev_of_cuda((int)dev), ctx_charged[dev]);
         ctx_charged[dev] = 0;
     }
+    void *gone = ctx_refs[dev] == 0 ? primary_ctx[dev] : NULL;
     pthread_mutex_unlock(&ctx_mu);
+    if (gone) vgpu_modules_drop_ctx(gone);
 }
 
 VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {

@@ -302,7 +302,9 @@ uint64_t vgpu_device_usage(int rdev) {
     return sum_usage(r, rdev);
 }
 
-int vgpu_reserve(int rdev, uint64_t bytes) {
+/* Adds `bytes` to this process's `used` and to the kind counter `kind` (data[] or module[]),
+ * backing out when the container's sum passes the limit. 0 ok, -1 over the limit. */
+static int reserve_kind(int rdev, uint64_t bytes, int module) {
     int slot = vgpu_my_slot();
     vgpu_region_t *r = vgpu_region;
     if (slot < 0 || rdev < 0) return -1;
@@ -314,7 +316,7 @@ int vgpu_reserve(int rdev, uint64_t bytes) {
     for (int attempt = 0; attempt < 4; attempt++) {
         atomic_fetch_add(&s->used[rdev], bytes);
         if (limit == VGPU_UNLIMITED || sum_usage(r, rdev) <= limit) {
-            atomic_fetch_add(&s->data[rdev], bytes);
+            atomic_fetch_add(module ? &s->module[rdev] : &s->data[rdev], bytes);
             return 0;
         }
         atomic_fetch_sub(&s->used[rdev], bytes);
@@ -327,6 +329,14 @@ int vgpu_reserve(int rdev, uint64_t bytes) {
         }
     }
     return -1;
+}
+
+int vgpu_reserve(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, 0); }
+int vgpu_reserve_module(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, 1); }
+
+uint64_t vgpu_my_usage(int rdev) {
+    if (my_slot < 0 || rdev < 0 || !vgpu_region) return 0;
+    return atomic_load(&vgpu_region->slots[my_slot].used[rdev]);
 }
 
 static void sub_clamped(_Atomic uint64_t *c, uint64_t bytes) {
@@ -353,9 +363,24 @@ void vgpu_charge_context(int rdev, uint64_t bytes) {
     atomic_fetch_add(&s->context[rdev], bytes);
 }
 
+void vgpu_charge_data(int rdev, uint64_t bytes) {
+    int slot = vgpu_my_slot();
+    if (slot < 0 || rdev < 0) return;
+    vgpu_slot_t *s = &vgpu_region->slots[slot];
+    atomic_fetch_add(&s->used[rdev], bytes);
+    atomic_fetch_add(&s->data[rdev], bytes);
+}
+
 void vgpu_uncharge_context(int rdev, uint64_t bytes) {
     if (my_slot < 0 || rdev < 0 || !vgpu_region) return;
     vgpu_slot_t *s = &vgpu_region->slots[my_slot];
     sub_clamped(&s->used[rdev], bytes);
     sub_clamped(&s->context[rdev], bytes);
+}
+
+void vgpu_unreserve_module(int rdev, uint64_t bytes) {
+    if (my_slot < 0 || rdev < 0 || !vgpu_region) return;
+    vgpu_slot_t *s = &vgpu_region->slots[my_slot];
+    sub_clamped(&s->used[rdev], bytes);
+    sub_clamped(&s->module[rdev], bytes);
 }

@@ -8,9 +8,14 @@
  * the wall time during which the container kept the GPU busy, in slices: the first launch
  * after a pause opens a slice; the first launch after LIBVGPU_SM_SLICE_MS (250 ms) closes it
  * by draining the context (cuCtxSynchronize), so the slice's busy time is known: up to the
- * drain, or up to the program's own last synchronisation when that followed its last launch
- * (idle time is not charged; CPU gaps between launches are, which is conservative). Then
- * launches wait until end + busy * (100 - p) / p. 250 ms because a duty-cycled H200 boosts
+ * drain, or up to the program's own last synchronisation when that followed its last launch,
+ * less the gaps between a synchronisation and the next launch inside the slice (the GPU had
+ * none of this process's work then; gaps between launches without a synchronisation are
+ * charged, since queued work may still run; gaps are not subtracted while another process of
+ * the container holds memory on the device, as its kernels may fill them). Then launches wait until
+ * end + busy * 100 / p - (end - start): the idle time already inside the slice counts toward
+ * the pause, so a bursty program within its share is not held back (for a fully busy slice
+ * this is busy * (100 - p) / p). 250 ms because a duty-cycled H200 boosts
  * its clock between pauses (more work per busy ms than at the power cap); long slices let the
  * power cap engage. The pause is kept in the shared region per device, merged over the
  * container's processes by the union of their busy intervals, so all processes of a
@@ -40,9 +45,13 @@ static int sm_state = SM_UNKNOWN;
 static uint64_t slice_ns = 250000000ull;
 static int idle_mode;
 
+#define MAX_GAPS 16
 typedef struct {
     pthread_mutex_t mu;
     uint64_t slice_start; /* 0 = no slice open */
+    /* Idle gaps of the open slice: a synchronisation returned, then the next launch came. */
+    int ngaps;
+    uint64_t gap_start[MAX_GAPS], gap_len[MAX_GAPS];
 } pacer_t;
 static pacer_t pacers[VGPU_MAX_DEVICES];
 /* When the application last launched, and last returned from a synchronisation. A sync that
@@ -92,6 +101,43 @@ static int alone_on_device(vgpu_device_t *d) {
     return count <= mine;
 }
 
+static void note_gap(pacer_t *pc, uint64_t from, uint64_t len) {
+    pthread_mutex_lock(&pc->mu);
+    if (pc->slice_start && from >= pc->slice_start) {
+        if (pc->ngaps < MAX_GAPS) {
+            pc->gap_start[pc->ngaps] = from;
+            pc->gap_len[pc->ngaps++] = len;
+        } else {
+            pc->gap_len[MAX_GAPS - 1] += len; /* merged: only its position is approximate */
+        }
+    }
+    pthread_mutex_unlock(&pc->mu);
+}
+
+/* 1 when no other process of the container holds memory on region device `rdev` (so none can
+ * have kernels on it). Gaps are subtracted only then: this process's idle gap may be another
+ * process's busy time, which the union of intervals would otherwise never charge. */
+static int only_user_of(int rdev) {
+    int me = vgpu_my_slot();
+    uint32_t hwm = atomic_load(&vgpu_region->slot_hwm);
+    for (uint32_t i = 0; i < hwm && i < VGPU_MAX_SLOTS; i++)
+        if ((int)i != me && atomic_load(&vgpu_region->slots[i].pid) > 0 && atomic_load(&vgpu_region->slots[i].used[rdev]))
+            return 0;
+    return 1;
+}
+
+/* Caller holds pc->mu. Idle time of the slice's gaps that lies inside [from, end). */
+static uint64_t gaps_within(pacer_t *pc, uint64_t from, uint64_t end) {
+    uint64_t sum = 0;
+    for (int i = 0; i < pc->ngaps; i++) {
+        uint64_t a = pc->gap_start[i], b = a + pc->gap_len[i];
+        if (a < from) a = from;
+        if (b > end) b = end;
+        if (b > a) sum += b - a;
+    }
+    return sum;
+}
+
 /* Closes this process's open slice on device `d`: drains the context, charges the busy time
  * not already charged by another process (union of intervals) and extends the shared pause.
  * `force` closes a slice shorter than slice_ns (before waiting for someone else's pause, so
@@ -118,9 +164,13 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
     do {
         from = start > cov ? start : cov;
     } while (!atomic_compare_exchange_weak(&d->covered_until_ns, &cov, cov > end ? cov : end));
-    uint64_t busy = end > from ? end - from : 0;
+    uint64_t window = end > from ? end - from : 0;
+    uint64_t gaps = pc->ngaps && only_user_of(rdev) ? gaps_within(pc, from, end) : 0;
+    uint64_t busy = window > gaps ? window - gaps : 0;
+    pc->ngaps = 0;
     uint32_t p = d->sm_limit;
-    uint64_t idle = busy * (100 - p) / p;
+    uint64_t need = busy * 100 / p; /* wall time this busy time may span */
+    uint64_t idle = need > window ? need - window : 0;
     if (idle_mode && idle && alone_on_device(d)) idle = 0;
     uint64_t pu = atomic_load(&d->pause_until_ns), next;
     do {
@@ -150,6 +200,8 @@ void vgpu_sm_before_launch(void *stream) {
     uint64_t pu = atomic_load(&d->pause_until_ns);
     uint64_t start = __atomic_load_n(&pc->slice_start, __ATOMIC_RELAXED);
     uint64_t prev_launch = atomic_exchange(&last_launch_ns, now);
+    uint64_t ls = atomic_load(&last_sync_ns);
+    if (VGPU_UNLIKELY(ls > prev_launch) && ls < now && start) note_gap(pc, ls, now - ls);
     if (now < pu) {
         /* Someone (this or another process) is pausing the device: charge what we ran so far,
          * wait, and open a fresh slice afterwards. */
@@ -219,32 +271,41 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 }
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     PACE(s);
-    return CALL_REAL(graph_t, cuGraphLaunch, g, s);
+    CUresult rc = CALL_REAL(graph_t, cuGraphLaunch, g, s);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch(); /* graph memory nodes (pools.c) */
+    return rc;
 }
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     PACE(s);
-    return CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
+    CUresult rc = CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch(); /* graph memory nodes (pools.c) */
+    return rc;
 }
 
 /* Synchronisation entry points: pass-through; with a compute limit active they note when the
- * program last waited for the GPU (see close_slice). */
+ * program last waited for the GPU (see close_slice); stream-ordered pools release memory above
+ * their threshold here (pools.c). */
 VGPU_EXPORT CUresult cuCtxSynchronize(void) {
     CUresult rc = CALL_REAL(CUresult(*)(void), cuCtxSynchronize);
     SYNCED();
+    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }
 VGPU_EXPORT CUresult cuStreamSynchronize(CUstream s) {
     CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize, s);
     SYNCED();
+    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }
 VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
     CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize_ptsz, s);
     SYNCED();
+    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }
 VGPU_EXPORT CUresult cuEventSynchronize(CUevent e) {
     CUresult rc = CALL_REAL(CUresult(*)(CUevent), cuEventSynchronize, e);
     SYNCED();
+    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }

@@ -27,6 +27,10 @@
 #undef cuDevicePrimaryCtxRelease
 #undef cuDevicePrimaryCtxReset
 #undef cuMemPrefetchAsync
+#undef cuCtxDestroy
+#undef cuIpcOpenMemHandle
+#undef cuGraphUpload
+#undef cuGraphLaunch
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -107,11 +111,22 @@ static CUresult uuid_of(CUuuid *u, CUdevice d) {
 }
 EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { COUNT(); return uuid_of(u, d); }
 EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { COUNT(); return uuid_of(u, d); }
-/* Primary contexts are reference counted; the first retain takes FAKE_CTX_MIB (default 0)
- * of the device's physical memory, the last release or a reset gives it back. */
+/* Contexts. Handles carry the device ordinal in their low 4 bits: primary 0x1000 + d, created
+ * 0x100000 + (n << 4) + d. Every context takes FAKE_CTX_MIB (default 0) of the device's
+ * physical memory while it exists: a primary one from its first retain to its last release or
+ * reset, a created one (cuCtxCreate*) until cuCtxDestroy. Modules loaded into a context are
+ * freed with it. */
 static int ctx_refs[FAKE_MAX_DEV];
+static _Atomic int created_ctx[FAKE_MAX_DEV]; /* live cuCtxCreate contexts per physical device */
+static _Atomic int next_ctx;
+static __thread uintptr_t cur_ctx;
 static uint64_t ctx_mib(void) { const char *s = getenv("FAKE_CTX_MIB"); return s ? strtoull(s, NULL, 10) : 0; }
-EXPORT uint64_t fake_ctx_bytes(int phys) { return phys >= 0 && phys < FAKE_MAX_DEV && ctx_refs[phys] ? ctx_mib() << 20 : 0; }
+/* What NVML lists for this process: its contexts (allocations are not modelled there). */
+EXPORT uint64_t fake_ctx_bytes(int phys) {
+    if (phys < 0 || phys >= FAKE_MAX_DEV) return 0;
+    return ((ctx_refs[phys] ? 1u : 0u) + (uint64_t)created_ctx[phys]) * (ctx_mib() << 20);
+}
+static void free_owned_by(uintptr_t ctx);
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     COUNT(); NEED_INIT();
     if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
@@ -125,7 +140,10 @@ static CUresult ctx_release(CUdevice d, int all) {
     int p = visible[d];
     if (ctx_refs[p] == 0) return all ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
     ctx_refs[p] = all ? 0 : ctx_refs[p] - 1;
-    if (ctx_refs[p] == 0) atomic_fetch_sub(&fake_phys()->used[p], ctx_mib() << 20);
+    if (ctx_refs[p] == 0) {
+        atomic_fetch_sub(&fake_phys()->used[p], ctx_mib() << 20);
+        free_owned_by(0x1000 + (uintptr_t)d);
+    }
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { COUNT(); return ctx_release(d, 0); }
@@ -133,18 +151,52 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice d) { COUNT(); return ctx_rele
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) { COUNT(); return ctx_release(d, 1); }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     COUNT(); NEED_INIT();
-    cur_dev = c ? (int)((uintptr_t)c - 0x1000) : -1;
+    cur_ctx = (uintptr_t)c;
+    cur_dev = c ? (int)((uintptr_t)c & 0xf) : -1;
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { COUNT(); NEED_INIT(); *c = (CUcontext)cur_ctx; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     COUNT(); NEED_INIT();
     if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
     *d = cur_dev;
     return CUDA_SUCCESS;
 }
+static CUresult ctx_create(CUcontext *c, CUdevice d) {
+    NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    int p = visible[d];
+    uint64_t b = ctx_mib() << 20, cap = fake_capacity(p), cur = atomic_load(&fake_phys()->used[p]);
+    do {
+        if (cur + b > cap) return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!atomic_compare_exchange_weak(&fake_phys()->used[p], &cur, cur + b));
+    created_ctx[p]++;
+    *c = (CUcontext)(0x100000 + ((uintptr_t)++next_ctx << 4) + (uintptr_t)d);
+    cur_ctx = (uintptr_t)*c; /* a new context becomes current */
+    cur_dev = d;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned f, CUdevice d) { COUNT(); return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d) { COUNT(); return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *pa, int n, unsigned f, CUdevice d) { COUNT(); return ctx_create(c, d); }
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *pa, unsigned f, CUdevice d) { COUNT(); return ctx_create(c, d); }
+static CUresult ctx_destroy(CUcontext c) {
+    NEED_INIT();
+    uintptr_t h = (uintptr_t)c;
+    if (h < 0x100000) return CUDA_ERROR_INVALID_CONTEXT; /* primary contexts are not destroyed */
+    int p = visible[h & 0xf];
+    if (created_ctx[p] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+    created_ctx[p]--;
+    atomic_fetch_sub(&fake_phys()->used[p], ctx_mib() << 20);
+    free_owned_by(h);
+    if (cur_ctx == h) { cur_ctx = 0; cur_dev = -1; }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy(CUcontext c) { COUNT(); return ctx_destroy(c); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) { COUNT(); return ctx_destroy(c); }
 
 /* ---- physical memory ---- */
-typedef struct alloc { uint64_t key; uint64_t bytes; int phys; struct alloc *next; } alloc_t;
+typedef struct alloc { uint64_t key; uint64_t bytes; int phys; uintptr_t owner; struct alloc *next; } alloc_t;
 static alloc_t *allocs;
 static pthread_mutex_t amu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_addr = 0x10000000ull; /* fits the 32-bit v1 ABI */
@@ -162,7 +214,7 @@ static CUresult phys_alloc(int dev, uint64_t bytes, uint64_t *key) {
     pthread_mutex_lock(&amu);
     a->key = next_addr;
     next_addr += (bytes + 0xfffff) & ~0xfffffull;
-    a->bytes = bytes; a->phys = phys; a->next = allocs; allocs = a;
+    a->bytes = bytes; a->phys = phys; a->owner = 0; a->next = allocs; allocs = a;
     *key = a->key;
     pthread_mutex_unlock(&amu);
     return CUDA_SUCCESS;
@@ -180,6 +232,109 @@ static CUresult phys_free(uint64_t key) {
 }
 #define CUR() (cur_dev)
 
+/* Memory owned by a context (module images): freed when the context goes. */
+static void free_owned_by(uintptr_t ctx) {
+    for (;;) {
+        uint64_t key = 0;
+        pthread_mutex_lock(&amu);
+        for (alloc_t *a = allocs; a; a = a->next)
+            if (a->owner == ctx) { key = a->key; break; }
+        pthread_mutex_unlock(&amu);
+        if (!key) return;
+        phys_free(key);
+    }
+}
+
+/* ---- modules and libraries: an image "FAKEMOD:<bytes>" (or a file holding it) takes <bytes>
+ * of the current context's device until unloaded or its context goes; anything else takes 0. */
+static _Atomic uint64_t next_empty_module = 0x7000000000ull;
+static uint64_t image_bytes(const void *image) {
+    const char *s = image;
+    return s && !strncmp(s, "FAKEMOD:", 8) ? strtoull(s + 8, NULL, 10) : 0;
+}
+static uint64_t file_bytes(const char *path) {
+    char buf[64] = {0};
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return ~0ull;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return image_bytes(buf);
+}
+static CUresult module_load(uint64_t *handle, uint64_t bytes) {
+    NEED_INIT();
+    if (bytes == ~0ull) return CUDA_ERROR_FILE_NOT_FOUND;
+    if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!bytes) { *handle = atomic_fetch_add(&next_empty_module, 16); return CUDA_SUCCESS; }
+    CUresult r = phys_alloc(cur_dev, bytes, handle);
+    if (r) return r;
+    pthread_mutex_lock(&amu);
+    for (alloc_t *a = allocs; a; a = a->next)
+        if (a->key == *handle) a->owner = cur_ctx;
+    pthread_mutex_unlock(&amu);
+    return CUDA_SUCCESS;
+}
+static CUresult module_unload(uint64_t h) {
+    NEED_INIT();
+    if (h >= 0x7000000000ull) return CUDA_SUCCESS;
+    return phys_free(h) ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *f) { COUNT(); uint64_t h; CUresult r = module_load(&h, file_bytes(f)); if (!r) *m = (CUmodule)(uintptr_t)h; return r; }
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *i) { COUNT(); uint64_t h; CUresult r = module_load(&h, image_bytes(i)); if (!r) *m = (CUmodule)(uintptr_t)h; return r; }
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *i, unsigned n, CUjit_option *o, void **v) { COUNT(); uint64_t h; CUresult r = module_load(&h, image_bytes(i)); if (!r) *m = (CUmodule)(uintptr_t)h; return r; }
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *i) { COUNT(); uint64_t h; CUresult r = module_load(&h, image_bytes(i)); if (!r) *m = (CUmodule)(uintptr_t)h; return r; }
+EXPORT CUresult cuModuleUnload(CUmodule m) { COUNT(); return module_unload((uint64_t)(uintptr_t)m); }
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *c, CUjit_option *jo, void **jv, unsigned nj, CUlibraryOption *lo, void **lv, unsigned nl) {
+    COUNT(); uint64_t h; CUresult r = module_load(&h, image_bytes(c)); if (!r) *l = (CUlibrary)(uintptr_t)h; return r;
+}
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *f, CUjit_option *jo, void **jv, unsigned nj, CUlibraryOption *lo, void **lv, unsigned nl) {
+    COUNT(); uint64_t h; CUresult r = module_load(&h, file_bytes(f)); if (!r) *l = (CUlibrary)(uintptr_t)h; return r;
+}
+EXPORT CUresult cuLibraryUnload(CUlibrary l) { COUNT(); return module_unload((uint64_t)(uintptr_t)l); }
+
+/* ---- memory pools: handles only (allocations from them are plain allocations here); the
+ * device's current pool starts as its default pool 0x9000 + d. */
+static uintptr_t dev_pool[FAKE_MAX_DEV];
+static _Atomic int next_pool;
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *p, CUdevice d) {
+    COUNT(); NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    *p = (CUmemoryPool)(dev_pool[d] ? dev_pool[d] : 0x9000 + (uintptr_t)d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool p) {
+    COUNT(); NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    dev_pool[d] = (uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *p, const CUmemPoolProps *props) {
+    COUNT(); NEED_INIT();
+    *p = (CUmemoryPool)(0xa000 + ((uintptr_t)++next_pool << 4));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p) { COUNT(); NEED_INIT(); return CUDA_SUCCESS; }
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep) { COUNT(); NEED_INIT(); return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v) { COUNT(); NEED_INIT(); return p && v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+/* ---- IPC: an import maps the exporter's memory; it takes no new physical memory. */
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    COUNT(); NEED_INIT();
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, &p, sizeof p);
+    return CUDA_SUCCESS;
+}
+static CUresult ipc_open(CUdeviceptr *p, CUipcMemHandle h) {
+    NEED_INIT();
+    CUdeviceptr base;
+    memcpy(&base, h.reserved, sizeof base);
+    *p = base + 0x4000000000ull;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned f) { COUNT(); return ipc_open(p, h); }
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned f) { COUNT(); return ipc_open(p, h); }
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) { COUNT(); NEED_INIT(); return p >= 0x4000000000ull ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = (unsigned)k; return r; }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t b, unsigned f) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
@@ -195,6 +350,13 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     uint64_t k;
     CUresult r = phys_alloc(CUR(), (uint64_t)pt * h, &k);
     if (!r) { *p = k; *pitch = pt; }
+    return r;
+}
+EXPORT CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned w, unsigned h, unsigned e) {
+    COUNT();
+    CUdeviceptr q; size_t pt;
+    CUresult r = cuMemAllocPitch_v2(&q, &pt, w, h, e);
+    if (!r) { *p = (unsigned)q; *pitch = (unsigned)pt; }
     return r;
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { COUNT(); NEED_INIT(); return p ? phys_free(p) : CUDA_SUCCESS; }
@@ -216,6 +378,18 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
     CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
     if (!r) *a = (CUarray)(uintptr_t)k;
     return r;
+}
+typedef struct { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; } desc_v1_t;
+typedef struct { unsigned int Width, Height, Depth; CUarray_format Format; unsigned int NumChannels, Flags; } desc3_v1_t;
+EXPORT CUresult cuArrayCreate(CUarray *a, const desc_v1_t *d) {
+    COUNT();
+    CUDA_ARRAY_DESCRIPTOR d2 = {.Width = d->Width, .Height = d->Height, .Format = d->Format, .NumChannels = d->NumChannels};
+    return cuArrayCreate_v2(a, &d2);
+}
+EXPORT CUresult cuArray3DCreate(CUarray *a, const desc3_v1_t *d) {
+    COUNT();
+    CUDA_ARRAY3D_DESCRIPTOR d2 = {.Width = d->Width, .Height = d->Height, .Depth = d->Depth, .Format = d->Format, .NumChannels = d->NumChannels};
+    return cuArray3DCreate_v2(a, &d2);
 }
 EXPORT CUresult cuArrayDestroy(CUarray a) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)a); }
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned lv) {
@@ -290,6 +464,7 @@ EXPORT CUresult cuCtxSynchronize(void) {
     if (t > now) { struct timespec ts = {(time_t)((t - now) / 1000000000ull), (long)((t - now) % 1000000000ull)}; nanosleep(&ts, NULL); }
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { COUNT(); NEED_INIT(); return cuCtxSynchronize(); }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { COUNT(); *st = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS; }
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
 EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
@@ -298,8 +473,32 @@ EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchCooperativeKernel(LAUNCH_ARGS, void **p) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_ARGS, void **p) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+/* Graph memory: launching or uploading a graph reserves FAKE_GRAPH_MIB (default 0) in the
+ * device's graph pool, kept until cuDeviceGraphMemTrim. */
+static uint64_t graph_reserved[FAKE_MAX_DEV];
+static void graph_reserve(void) {
+    const char *s = getenv("FAKE_GRAPH_MIB");
+    uint64_t want = (s ? strtoull(s, NULL, 10) : 0) << 20;
+    if (cur_dev < 0 || graph_reserved[cur_dev] >= want) return;
+    atomic_fetch_add(&fake_phys()->used[visible[cur_dev]], want - graph_reserved[cur_dev]);
+    graph_reserved[cur_dev] = want;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, CUgraphMem_attribute a, void *v) {
+    COUNT(); NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    *(cuuint64_t *)v = a == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT ? graph_reserved[d] : 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
+    COUNT(); NEED_INIT();
+    if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
+    atomic_fetch_sub(&fake_phys()->used[visible[d]], graph_reserved[d]);
+    graph_reserved[d] = 0;
+    return CUDA_SUCCESS;
+}
 
 /* ---- cuGetProcAddress: name x version x flags, from our own table ---- */
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
@@ -311,7 +510,7 @@ static const proc_t procs[] = {
     P(cuDeviceGetUuid, 9020), P(cuDeviceGetUuid_v2, 11040), P(cuCtxGetDevice, 2000), P(cuCtxSetCurrent, 4000),
     P(cuDevicePrimaryCtxRetain, 7000), P(cuDevicePrimaryCtxRelease, 7000), P(cuDevicePrimaryCtxRelease_v2, 11000), P(cuCtxSynchronize, 2000),
     P(cuMemAlloc, 2000), P(cuMemAlloc_v2, 3020), P(cuMemFree, 2000), P(cuMemFree_v2, 3020),
-    P(cuMemAllocPitch_v2, 3020), P(cuMemAllocManaged, 6000), P(cuMemAllocAsync, 11020), P(cuMemAllocAsync_ptsz, 11020),
+    P(cuMemAllocPitch, 2000), P(cuMemAllocPitch_v2, 3020), P(cuArrayCreate, 2000), P(cuArray3DCreate, 2000), P(cuMemAllocManaged, 6000), P(cuMemAllocAsync, 11020), P(cuMemAllocAsync_ptsz, 11020),
     P(cuMemAllocFromPoolAsync, 11020), P(cuMemAllocFromPoolAsync_ptsz, 11020), P(cuMemFreeAsync, 11020),
     P(cuMemFreeAsync_ptsz, 11020), P(cuArrayCreate_v2, 3020), P(cuArray3DCreate_v2, 3020), P(cuArrayDestroy, 2000),
     P(cuMipmappedArrayCreate, 5000), P(cuMipmappedArrayDestroy, 5000), P(cuMemCreate, 10020), P(cuMemRelease, 10020),
@@ -319,7 +518,15 @@ static const proc_t procs[] = {
     P(cuMemPrefetchAsync, 8000), P(cuMemPrefetchAsync_v2, 12020),
     P(cuLaunchKernel, 4000), P(cuLaunchKernel_ptsz, 7000), P(cuLaunchKernelEx, 11060), P(cuLaunchKernelEx_ptsz, 11060),
     P(cuLaunchCooperativeKernel, 9000), P(cuLaunchCooperativeKernel_ptsz, 9000), P(cuGraphLaunch, 10000),
-    P(cuGraphLaunch_ptsz, 10000), P(cuGetProcAddress, 11030), P(cuGetProcAddress_v2, 12000),
+    P(cuGraphLaunch_ptsz, 10000), P(cuGraphUpload, 11010), P(cuDeviceGetGraphMemAttribute, 11040),
+    P(cuDeviceGraphMemTrim, 11040), P(cuGetProcAddress, 11030), P(cuGetProcAddress_v2, 12000),
+    P(cuCtxCreate, 2000), P(cuCtxCreate_v2, 3020), P(cuCtxCreate_v3, 11040), P(cuCtxCreate_v4, 12050),
+    P(cuCtxDestroy, 2000), P(cuCtxDestroy_v2, 4000), P(cuCtxGetCurrent, 2000),
+    P(cuModuleLoad, 2000), P(cuModuleLoadData, 2000), P(cuModuleLoadDataEx, 2010), P(cuModuleLoadFatBinary, 2000),
+    P(cuModuleUnload, 2000), P(cuLibraryLoadData, 12000), P(cuLibraryLoadFromFile, 12000), P(cuLibraryUnload, 12000),
+    P(cuIpcGetMemHandle, 4010), P(cuIpcOpenMemHandle, 4010), P(cuIpcOpenMemHandle_v2, 11000),
+    P(cuIpcCloseMemHandle, 4010), P(cuDeviceGetMemPool, 11020), P(cuDeviceSetMemPool, 11020),
+    P(cuMemPoolCreate, 11020), P(cuMemPoolDestroy, 11020), P(cuMemPoolTrimTo, 11020), P(cuMemPoolSetAttribute, 11020),
 };
 static const proc_t *find_proc(const char *name) {
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
@@ -340,7 +547,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
         const proc_t *p = find_proc(name);
         if (p && p->min_ver <= ver) best = p;
     }
-    for (int v = 3; v >= 1 && !best; v--) {
+    for (int v = 4; v >= 1 && !best; v--) {
         if (v > 1) snprintf(name, sizeof name, "%s_v%d", sym, v);
         else snprintf(name, sizeof name, "%s", sym);
         const proc_t *p = find_proc(name);

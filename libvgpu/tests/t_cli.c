@@ -20,6 +20,10 @@
 #undef cuMemGetInfo
 #undef cuDeviceTotalMem
 #undef cuGetProcAddress
+#undef cuGraphUpload
+#undef cuGraphLaunch
+CUresult cuGraphUpload(CUgraphExec g, CUstream s);
+CUresult cuGraphLaunch(CUgraphExec g, CUstream s);
 
 CUresult cuMemAlloc(unsigned int *p, unsigned int b);
 CUresult cuMemFree(unsigned int p);
@@ -29,6 +33,14 @@ CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s);
 CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s);
+#undef cuCtxCreate
+#undef cuCtxDestroy
+CUresult cuCtxCreate(CUcontext *c, unsigned f, CUdevice d);
+CUresult cuCtxCreate_v2(CUcontext *c, unsigned f, CUdevice d);
+CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *p, int n, unsigned f, CUdevice d);
+CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned f, CUdevice d);
+CUresult cuCtxDestroy(CUcontext c);
+CUresult cuCtxDestroy_v2(CUcontext c);
 
 typedef struct { void *n; } nvdev;
 int nvmlInit_v2(void);
@@ -38,7 +50,7 @@ typedef struct { unsigned version; unsigned long long total, reserved, free, use
 int nvmlDeviceGetMemoryInfo(void *d, mem1_t *m);
 int nvmlDeviceGetMemoryInfo_v2(void *d, mem2_t *m);
 
-enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM };
+enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM, K_CTX, K_MODULE, K_LIBRARY, K_IPC, K_POOL };
 static struct { int kind; uint64_t v; } ids[4096];
 static int nids;
 static int add_id(int kind, uint64_t v) { ids[nids].kind = kind; ids[nids].v = v; return nids++; }
@@ -76,6 +88,11 @@ static CUresult free_id(int id) {
     case K_ARRAY: return cuArrayDestroy((CUarray)(uintptr_t)v);
     case K_MIPMAP: return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)v);
     case K_VMM: return cuMemRelease((CUmemGenericAllocationHandle)v);
+    case K_CTX: return cuCtxDestroy_v2((CUcontext)(uintptr_t)v);
+    case K_MODULE: return cuModuleUnload((CUmodule)(uintptr_t)v);
+    case K_LIBRARY: return cuLibraryUnload((CUlibrary)(uintptr_t)v);
+    case K_IPC: return cuIpcCloseMemHandle((CUdeviceptr)v);
+    case K_POOL: return cuMemPoolDestroy((CUmemoryPool)(uintptr_t)v);
     default: return cuMemFree_v2((CUdeviceptr)v);
     }
 }
@@ -121,6 +138,26 @@ int main(int argc, char **argv) {
             size_t pitch = 0;
             r = cuMemAllocPitch_v2(&p, &pitch, tu_size(ARG(1)), tu_size(ARG(2)), 4); i += 2;
             OUT("pitch %d %d %zu", r, r ? -1 : add_id(K_PTR, p), pitch);
+        } else if (!strcmp(op, "pitch1")) {
+            unsigned int q = 0, pitch = 0;
+            CUresult (*fn)(unsigned int *, unsigned int *, unsigned, unsigned, unsigned) =
+                (CUresult(*)(unsigned int *, unsigned int *, unsigned, unsigned, unsigned))dlsym(RTLD_DEFAULT, "cuMemAllocPitch");
+            r = fn(&q, &pitch, (unsigned)tu_size(ARG(1)), (unsigned)tu_size(ARG(2)), 4); i += 2;
+            OUT("pitch1 %d %d %u", r, r ? -1 : add_id(K_PTR1, q), pitch);
+        } else if (!strcmp(op, "array1") || !strcmp(op, "array3d1")) {
+            /* the v1 ABI (32-bit descriptors), reached by symbol name as a CUDA < 3.2 program would */
+            struct { unsigned int w, h, d; CUarray_format f; unsigned int ch, flags; } d3 = {0};
+            struct { unsigned int w, h; CUarray_format f; unsigned int ch; } d2 = {0};
+            CUarray a = 0;
+            if (!strcmp(op, "array1")) {
+                d2.w = (unsigned)tu_size(ARG(1)); d2.h = (unsigned)tu_size(ARG(2)); d2.f = CU_AD_FORMAT_FLOAT; d2.ch = 1; i += 2;
+                r = ((CUresult(*)(CUarray *, void *))dlsym(RTLD_DEFAULT, "cuArrayCreate"))(&a, &d2);
+            } else {
+                d3.w = (unsigned)tu_size(ARG(1)); d3.h = (unsigned)tu_size(ARG(2)); d3.d = (unsigned)tu_size(ARG(3));
+                d3.f = CU_AD_FORMAT_FLOAT; d3.ch = 1; i += 3;
+                r = ((CUresult(*)(CUarray *, void *))dlsym(RTLD_DEFAULT, "cuArray3DCreate"))(&a, &d3);
+            }
+            OUT("%s %d %d", op, r, r ? -1 : add_id(K_ARRAY, (uintptr_t)a));
         } else if (!strcmp(op, "array") || !strcmp(op, "array3d") || !strcmp(op, "mipmap")) {
             CUDA_ARRAY3D_DESCRIPTOR d3 = {0};
             d3.Format = CU_AD_FORMAT_FLOAT; d3.NumChannels = 1;
@@ -145,6 +182,89 @@ int main(int argc, char **argv) {
             CUmemGenericAllocationHandle h = 0;
             r = cuMemCreate(&h, tu_size(ARG(2)), &prop, 0); i += 2;
             OUT("%s %d %d", op, r, r ? -1 : add_id(K_VMM, h));
+        } else if (!strcmp(op, "ctxcreate")) {
+            /* ctxcreate <dev> <1|2|3|4>: the cuCtxCreate of that ABI version */
+            CUcontext c = NULL;
+            CUdevice d = atoi(ARG(1));
+            int v = atoi(ARG(2)); i += 2;
+            if (v == 1) r = cuCtxCreate(&c, 0, d);
+            else if (v == 2) r = cuCtxCreate_v2(&c, 0, d);
+            else if (v == 3) r = cuCtxCreate_v3(&c, NULL, 0, 0, d);
+            else { CUctxCreateParams prm = {0}; r = cuCtxCreate_v4(&c, &prm, 0, d); }
+            OUT("ctxcreate %d %d", r, r ? -1 : add_id(K_CTX, (uintptr_t)c));
+        } else if (!strcmp(op, "ctxdestroy1")) {
+            int id = atoi(ARG(1)); i++;
+            OUT("ctxdestroy1 %d", cuCtxDestroy((CUcontext)(uintptr_t)ids[id].v));
+        } else if (!strcmp(op, "setctx")) {
+            int id = atoi(ARG(1)); i++;
+            OUT("setctx %d", cuCtxSetCurrent((CUcontext)(uintptr_t)ids[id].v));
+        } else if (!strcmp(op, "modload")) {
+            /* modload <file|data|dataex|fatbin|lib|libfile> <bytes>: an image the fake sizes */
+            const char *how = ARG(1);
+            char image[64], path[256];
+            snprintf(image, sizeof image, "FAKEMOD:%llu", (unsigned long long)tu_size(ARG(2)));
+            i += 2;
+            snprintf(path, sizeof path, "/tmp/t_cli_mod.%d", (int)getpid());
+            if (!strcmp(how, "file") || !strcmp(how, "libfile")) {
+                FILE *f = fopen(path, "w");
+                fputs(image, f);
+                fclose(f);
+            }
+            CUmodule m = NULL;
+            CUlibrary l = NULL;
+            int kind = K_MODULE;
+            if (!strcmp(how, "file")) r = cuModuleLoad(&m, path);
+            else if (!strcmp(how, "data")) r = cuModuleLoadData(&m, image);
+            else if (!strcmp(how, "dataex")) r = cuModuleLoadDataEx(&m, image, 0, NULL, NULL);
+            else if (!strcmp(how, "fatbin")) r = cuModuleLoadFatBinary(&m, image);
+            else if (!strcmp(how, "lib")) { r = cuLibraryLoadData(&l, image, NULL, NULL, 0, NULL, NULL, 0); kind = K_LIBRARY; }
+            else { r = cuLibraryLoadFromFile(&l, path, NULL, NULL, 0, NULL, NULL, 0); kind = K_LIBRARY; }
+            unlink(path);
+            OUT("modload %d %d", r, r ? -1 : add_id(kind, kind == K_MODULE ? (uintptr_t)m : (uintptr_t)l));
+        } else if (!strcmp(op, "graphlaunch")) {
+            OUT("graphlaunch %d", cuGraphLaunch(NULL, NULL));
+        } else if (!strcmp(op, "graphupload")) {
+            OUT("graphupload %d", cuGraphUpload(NULL, NULL));
+        } else if (!strcmp(op, "graphtrim")) {
+            OUT("graphtrim %d", cuDeviceGraphMemTrim(0));
+        } else if (!strcmp(op, "sync")) {
+            OUT("sync %d", cuCtxSynchronize());
+        } else if (!strcmp(op, "streamsync")) {
+            OUT("streamsync %d", cuStreamSynchronize(NULL));
+        } else if (!strcmp(op, "poolcreate")) {
+            /* poolcreate: a new pool on device 0; "setpool <id>" makes it the device's current pool */
+            CUmemPoolProps props = {0};
+            props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            CUmemoryPool pl = NULL;
+            r = cuMemPoolCreate(&pl, &props);
+            OUT("poolcreate %d %d", r, r ? -1 : add_id(K_POOL, (uintptr_t)pl));
+        } else if (!strcmp(op, "setpool")) {
+            int id = atoi(ARG(1)); i++;
+            OUT("setpool %d", cuDeviceSetMemPool(0, (CUmemoryPool)(uintptr_t)ids[id].v));
+        } else if (!strcmp(op, "poolalloc")) {
+            /* poolalloc <pool id> <bytes>: cuMemAllocFromPoolAsync from that pool */
+            int id = atoi(ARG(1));
+            uint64_t b = tu_size(ARG(2)); i += 2;
+            r = cuMemAllocFromPoolAsync(&p, b, (CUmemoryPool)(uintptr_t)ids[id].v, NULL);
+            OUT("poolalloc %d %d", r, r ? -1 : add_id(K_ASYNC, p));
+        } else if (!strcmp(op, "trim") || !strcmp(op, "threshold")) {
+            /* trim|threshold <pool id or -1 for device 0's current pool> <bytes> */
+            int id = atoi(ARG(1));
+            cuuint64_t b = tu_size(ARG(2)); i += 2;
+            CUmemoryPool pl = NULL;
+            if (id < 0) r = cuDeviceGetMemPool(&pl, 0);
+            else pl = (CUmemoryPool)(uintptr_t)ids[id].v;
+            if (!r && !strcmp(op, "trim")) r = cuMemPoolTrimTo(pl, (size_t)b);
+            else if (!r) r = cuMemPoolSetAttribute(pl, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &b);
+            OUT("%s %d", op, r);
+        } else if (!strcmp(op, "ipcopen")) {
+            /* ipcopen <id>: export allocation <id> and import it again (the fake allows it in-process) */
+            int id = atoi(ARG(1)); i++;
+            CUipcMemHandle h;
+            r = cuIpcGetMemHandle(&h, (CUdeviceptr)ids[id].v);
+            if (!r) r = cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+            OUT("ipcopen %d %d", r, r ? -1 : add_id(K_IPC, p));
         } else if (!strcmp(op, "free")) {
             int id = atoi(ARG(1)); i++;
             OUT("free %d", id >= 0 && id < nids ? free_id(id) : -1);
@@ -216,6 +336,19 @@ int main(int argc, char **argv) {
                 cuCtxSynchronize();
             }
             OUT("burn 0 %llu %llu", (unsigned long long)(busy() - b0), (unsigned long long)(now_ns() - t0));
+        } else if (!strcmp(op, "bursty")) {
+            /* bursty <ms> <kernels> <gap us>: bursts of <kernels> modelled kernels, a synchronise,
+             * then <gap us> of CPU time without GPU work, for <ms> of wall time */
+            uint64_t (*busy)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fake_busy_ns");
+            uint64_t dur = (uint64_t)atoi(ARG(1)) * 1000000ull;
+            int k = atoi(ARG(2)), gap = atoi(ARG(3)); i += 3;
+            uint64_t b0 = busy(), t0 = now_ns();
+            while (now_ns() - t0 < dur) {
+                for (int j = 0; j < k; j++) cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+                cuCtxSynchronize();
+                usleep((useconds_t)gap);
+            }
+            OUT("bursty 0 %llu %llu", (unsigned long long)(busy() - b0), (unsigned long long)(now_ns() - t0));
         } else if (!strcmp(op, "calls")) {
             int (*cnt)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "fake_count");
             OUT("calls 0 %d", cnt(ARG(1))); i++;

@@ -1,4 +1,4 @@
-"""A reader of the libvgpu shared region (layout 2.0, libvgpu/include/vgpu_region.h), as the
+"""A reader of the libvgpu shared region (layout 2.1, libvgpu/include/vgpu_region.h), as the
 node monitor would implement it: fixed little-endian offsets, checked magic and version."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class Slot:
     used: tuple[int, ...]
     data: tuple[int, ...]
     context: tuple[int, ...]
+    module: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -63,5 +64,6 @@ def read_region(path: Path) -> Region:
         used = struct.unpack_from("<16Q", raw, at + 16)
         data = struct.unpack_from("<16Q", raw, at + 144)
         context = struct.unpack_from("<16Q", raw, at + 272)
-        slots.append(Slot(pid, used, data, context))
+        module = struct.unpack_from("<16Q", raw, at + 400)
+        slots.append(Slot(pid, used, data, context, module))
     return Region(magic, major, minor, count, priority, devices, slots)

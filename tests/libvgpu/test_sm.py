@@ -106,3 +106,35 @@ def test_idle_time_is_not_charged_as_busy(cli):
     )
     assert r.codes("timed_launch") == [0]
     assert int(r.lines[-1][2]) < 100_000_000
+
+
+def test_bursty_program_within_its_share_is_not_held_back(cli):
+    # 1 ms of GPU work, a synchronise, then 5 ms of CPU work: about 1/6 of the GPU, well within
+    # 50 %. The CPU gaps after each synchronise are not busy time, and the idle time inside a
+    # slice counts toward the pause, so no launch waits (it would, if gaps counted as busy).
+    r = cli.run("init", "bursty", "600", "1", "5000", env={**FAST, "CUDA_DEVICE_SM_LIMIT": "50"})
+    assert r.codes("bursty") == [0]
+    assert throttled_ns(cli) == 0
+
+
+def test_bursty_program_over_its_share_is_still_capped(cli):
+    # 4 ms of GPU work per 1 ms CPU gap (80 % of the GPU) under a 25 % limit.
+    r = cli.run("init", "bursty", "1500", "4", "1000", env={**FAST, "CUDA_DEVICE_SM_LIMIT": "25"})
+    assert 0.05 <= share(r) <= 0.31
+    assert throttled_ns(cli) > 0
+
+
+def test_gaps_are_charged_while_another_process_of_the_container_holds_the_device(cli):
+    # The same bursty program as above, but a second process of the container holds memory on
+    # the device: its kernels could run in this one's gaps, so the gaps count as busy again and
+    # the 1/6 duty is paced like a full slice.
+    holder = cli.popen("init", "alloc", "1m", "hold", env={**FAST, "CUDA_DEVICE_SM_LIMIT": "50"})
+    assert holder.stdout.readline().startswith("init")
+    assert holder.stdout.readline().startswith("alloc")
+    try:
+        r = cli.run("init", "bursty", "600", "1", "5000", env={**FAST, "CUDA_DEVICE_SM_LIMIT": "50"})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.codes("bursty") == [0]
+    assert throttled_ns(cli) > 0

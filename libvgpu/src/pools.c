@@ -1,0 +1,242 @@
+/*
+ * pools.c - stream-ordered memory pools (cuMemAllocAsync, cuMemAllocFromPoolAsync) charged as
+ * the driver holds their memory, not per allocation.
+ *
+ * Why: a pool keeps the memory of freed blocks reserved for reuse - up to its release
+ * threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0) at each stream/event/context
+ * synchronisation, and all of it until cuMemPoolTrimTo when the threshold is high (PyTorch's
+ * cudaMallocAsync backend sets it to UINT64_MAX). Charging only live allocations would let
+ * that retained memory, invisible to the counters, push the container past its limit (a
+ * second process, or the same one through cuMemAlloc). So each pool is modelled:
+ *   live  = bytes in live allocations from the pool;
+ *   held  = bytes charged for the pool (>= live);
+ *   alloc: live += n; if live > held, charge the difference (limit checked) and held = live;
+ *   free:  live -= n (held unchanged: the pool keeps the memory);
+ *   sync (cuCtxSynchronize, cuStreamSynchronize*, cuEventSynchronize): held = max(live,
+ *          min(held, threshold)); cuMemPoolTrimTo(pool, keep): held = max(live, min(held, keep)).
+ * A reuse within what the pool holds needs no new charge, as on the card. The model ignores the
+ * pool's own rounding (it reserves in 2 MiB-or-larger chunks) and what the driver may release
+ * without a synchronisation. Pools beyond POOL_MAX fall back to per-allocation charging.
+ *
+ * Graph memory (memory-allocation nodes, cudaMallocAsync captured into a graph) lives in a
+ * per-device graph pool that the driver reserves when a graph is uploaded or launched and
+ * keeps until cuDeviceGraphMemTrim. Its size is read (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+ * after cuGraphUpload, after cuGraphLaunch at most every 10 ms, and after cuDeviceGraphMemTrim,
+ * and charged into data[] without a limit check (the memory exists by then); later
+ * allocations see it.
+ */
+#include <cuda.h>
+#undef cuGraphUpload
+#include <pthread.h>
+#include <string.h>
+#include "common.h"
+#include "hooks.h"
+
+#define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+#define POOL_MAX 64
+#define DEV_MAX 64
+
+typedef struct {
+    uint64_t handle;
+    int rdev;
+    uint64_t live, held, threshold;
+} pool_t;
+
+static pool_t pools[POOL_MAX];
+static int npools;
+static void *current_pool[DEV_MAX]; /* CUDA ordinal -> the pool cuMemAllocAsync uses; NULL = ask */
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int pools_excess; /* some pool holds more than live + threshold: settle at sync */
+static uint64_t graph_charged[DEV_MAX]; /* CUDA ordinal -> graph-pool bytes charged */
+static _Atomic uint64_t graph_next_sample_ns;
+
+void vgpu_pools_reset_after_fork(void) {
+    pthread_mutex_init(&pool_mu, NULL);
+    memset(pools, 0, sizeof pools);
+    memset(current_pool, 0, sizeof current_pool);
+    npools = 0;
+    atomic_store(&pools_excess, 0);
+    memset(graph_charged, 0, sizeof graph_charged);
+    atomic_store(&graph_next_sample_ns, 0);
+}
+
+/* Caller holds pool_mu. Index of `handle`, created when `rdev` >= 0; -1 if absent or full. */
+static int pool_index(uint64_t handle, int rdev) {
+    for (int i = 0; i < npools; i++)
+        if (pools[i].handle == handle) return i;
+    if (rdev < 0 || npools >= POOL_MAX) return -1;
+    pools[npools] = (pool_t){handle, rdev, 0, 0, 0};
+    return npools++;
+}
+
+uint64_t vgpu_device_pool(int cudev) {
+    if (cudev < 0 || cudev >= DEV_MAX) return 0;
+    void *p = __atomic_load_n(&current_pool[cudev], __ATOMIC_ACQUIRE);
+    if (VGPU_LIKELY(p != NULL)) return (uint64_t)(uintptr_t)p;
+    CUmemoryPool pool = NULL;
+    if (CALL_REAL(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetMemPool, &pool, cudev) != CUDA_SUCCESS)
+        return 0;
+    __atomic_store_n(&current_pool[cudev], (void *)pool, __ATOMIC_RELEASE);
+    return (uint64_t)(uintptr_t)pool;
+}
+
+int vgpu_pool_charge(int rdev, uint64_t handle, uint64_t bytes, uint64_t *grown) {
+    *grown = 0;
+    if (!handle) return vgpu_reserve(rdev, bytes) == 0 ? -1 : -2;
+    pthread_mutex_lock(&pool_mu);
+    int i = pool_index(handle, rdev);
+    if (i < 0) {
+        pthread_mutex_unlock(&pool_mu);
+        return vgpu_reserve(rdev, bytes) == 0 ? -1 : -2;
+    }
+    pool_t *p = &pools[i];
+    if (p->rdev < 0) p->rdev = rdev; /* first seen through cuMemPoolSetAttribute */
+    uint64_t live = p->live + bytes, grow = live > p->held ? live - p->held : 0;
+    if (grow && vgpu_reserve(p->rdev, grow) != 0) {
+        pthread_mutex_unlock(&pool_mu);
+        return -2;
+    }
+    p->live = live;
+    p->held += grow;
+    *grown = grow;
+    pthread_mutex_unlock(&pool_mu);
+    return i;
+}
+
+void vgpu_pool_undo(int idx, uint64_t bytes, uint64_t grown) {
+    if (idx < 0 || idx >= POOL_MAX) return;
+    pthread_mutex_lock(&pool_mu);
+    pool_t *p = &pools[idx];
+    p->live = p->live >= bytes ? p->live - bytes : 0;
+    p->held = p->held >= grown ? p->held - grown : 0;
+    vgpu_unreserve(p->rdev, grown);
+    pthread_mutex_unlock(&pool_mu);
+}
+
+void vgpu_pool_freed(int idx, uint64_t bytes) {
+    if (idx < 0 || idx >= POOL_MAX) return;
+    pthread_mutex_lock(&pool_mu);
+    pool_t *p = &pools[idx];
+    p->live = p->live >= bytes ? p->live - bytes : 0;
+    if (p->held > p->live && p->held - p->live > p->threshold) atomic_store(&pools_excess, 1);
+    pthread_mutex_unlock(&pool_mu);
+}
+
+/* Caller holds pool_mu. */
+static void settle(pool_t *p, uint64_t keep) {
+    uint64_t target = keep < p->held ? keep : p->held;
+    if (target < p->live) target = p->live;
+    if (p->held > target) {
+        vgpu_unreserve(p->rdev, p->held - target);
+        p->held = target;
+    }
+}
+
+void vgpu_pools_synced(void) {
+    if (VGPU_LIKELY(!atomic_load_explicit(&pools_excess, memory_order_relaxed))) return;
+    pthread_mutex_lock(&pool_mu);
+    atomic_store(&pools_excess, 0);
+    for (int i = 0; i < npools; i++) settle(&pools[i], pools[i].live + pools[i].threshold);
+    pthread_mutex_unlock(&pool_mu);
+}
+
+VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, size_t), cuMemPoolTrimTo, pool, keep);
+    if (rc != CUDA_SUCCESS || vgpu_control_disabled()) return rc;
+    pthread_mutex_lock(&pool_mu);
+    int i = pool_index((uint64_t)(uintptr_t)pool, -1);
+    if (i >= 0) settle(&pools[i], keep);
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *), cuMemPoolSetAttribute, pool,
+                            attr, value);
+    if (rc != CUDA_SUCCESS || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD || !value || vgpu_control_disabled())
+        return rc;
+    pthread_mutex_lock(&pool_mu);
+    /* A pool we have not seen yet is recorded now; its device is learnt at the first allocation. */
+    int i = pool_index((uint64_t)(uintptr_t)pool, -1);
+    if (i < 0 && npools < POOL_MAX) {
+        pools[npools] = (pool_t){(uint64_t)(uintptr_t)pool, -1, 0, 0, 0};
+        i = npools++;
+    }
+    if (i >= 0) pools[i].threshold = *(cuuint64_t *)value;
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice, CUmemoryPool), cuDeviceSetMemPool, dev, pool);
+    if (rc == CUDA_SUCCESS && dev >= 0 && dev < DEV_MAX) __atomic_store_n(&current_pool[dev], (void *)pool, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* A destroyed pool gives back what it held beyond its live allocations (which stay valid
+ * until freed, and are still counted). */
+VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool), cuMemPoolDestroy, pool);
+    if (rc != CUDA_SUCCESS || vgpu_control_disabled()) return rc;
+    pthread_mutex_lock(&pool_mu);
+    int i = pool_index((uint64_t)(uintptr_t)pool, -1);
+    if (i >= 0) {
+        settle(&pools[i], 0);
+        pools[i].threshold = 0;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return rc;
+}
+
+/* ---------------- graph memory ---------------- */
+
+static void graphmem_sample(CUdevice dev) {
+    typedef CUresult (*attr_t)(CUdevice, CUgraphMem_attribute, void *);
+    cuuint64_t v = 0;
+    if (dev < 0 || dev >= DEV_MAX || vgpu_control_disabled()) return;
+    if (CALL_REAL(attr_t, cuDeviceGetGraphMemAttribute, dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v) !=
+        CUDA_SUCCESS)
+        return;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t old = graph_charged[dev];
+    if (v != old) {
+        int rdev = vgpu_rdev_of_cuda((int)dev);
+        if (rdev >= 0) {
+            if (v > old) vgpu_charge_data(rdev, v - old);
+            else vgpu_unreserve(rdev, old - v);
+            graph_charged[dev] = v;
+            VLOG(VLOG_DEBUG, "graph memory on device %d: %llu bytes", (int)dev, (unsigned long long)v);
+        }
+    }
+    pthread_mutex_unlock(&pool_mu);
+}
+
+static void graphmem_sample_current(void) {
+    CUdevice d;
+    if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d) == CUDA_SUCCESS) graphmem_sample(d);
+}
+
+void vgpu_graphmem_after_launch(void) {
+    uint64_t now = vgpu_now_ns(), next = atomic_load_explicit(&graph_next_sample_ns, memory_order_relaxed);
+    if (VGPU_LIKELY(now < next)) return;
+    atomic_store_explicit(&graph_next_sample_ns, now + 10000000ull, memory_order_relaxed);
+    graphmem_sample_current();
+}
+
+VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload, g, s);
+    if (rc == CUDA_SUCCESS) graphmem_sample_current();
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload_ptsz, g, s);
+    if (rc == CUDA_SUCCESS) graphmem_sample_current();
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDeviceGraphMemTrim, dev);
+    if (rc == CUDA_SUCCESS) graphmem_sample(dev);
+    return rc;
+}
