@@ -17,6 +17,10 @@ lock held by a pod still being allocated) re-queues the pod like kube-scheduler 
 
     python benchmarks/extender_bench.py [--pods 3000] [--warmup 2000] [--filter-clients 1] [--binders 16]
                                         [--candidates 485] [--filter-only 1000] [--profile out.prof]
+                                        [--rate 200]
+
+`--rate N` replaces the closed loop by an open one: a filter starts every 1/N s whatever the previous
+one is doing (a steady offered load), so latency is measured below saturation.
 
 Prints p50/p90/p99/max of client-observed filter and bind latency over HTTP, filter+bind (pods bound)
 per second, the extender's CPU seconds per pod, and then the latency of `--filter-only` sequential
@@ -63,6 +67,20 @@ def pct(values: list[float], p: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+async def server_sums(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """The extender's own filter/bind duration sums and counts (seconds) from /metrics."""
+    async with session.get(f"{url}/metrics") as r:
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        for verb in ("filter", "bind"):
+            for part in ("sum", "count"):
+                prefix = f"hami_scheduler_{verb}_duration_seconds_{part} "
+                if line.startswith(prefix):
+                    out[f"{verb}_{part}"] = float(line[len(prefix) :])
+    return out
 
 
 def seed_nodes(api: FakeApiServer) -> list[str]:
@@ -176,6 +194,37 @@ class Driver:
             finally:
                 queue.task_done()
 
+    async def paced(self, pods: list[dict], binds: asyncio.Queue, rate: float) -> None:
+        """An open-loop scheduler: start one filter every 1/`rate` s whether or not the last answered."""
+        queue: asyncio.Queue = asyncio.Queue()  # re-queued pods (failed binds) are retried by the loop
+        retry = asyncio.create_task(self.schedule(queue, binds, True))
+        inflight: set[asyncio.Task] = set()
+        t0 = time.perf_counter()
+        for i, pod in enumerate(pods):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            one: asyncio.Queue = asyncio.Queue()
+            one.put_nowait((pod, 0))
+            task = asyncio.create_task(self._one(one, queue, binds))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+        await asyncio.gather(*list(inflight))
+        await queue.join()
+        retry.cancel()
+
+    async def _one(self, one: asyncio.Queue, retry_queue: asyncio.Queue, binds: asyncio.Queue) -> None:
+        pod, tries = one.get_nowait()
+        body = json.dumps({"Pod": pod, "Nodes": None, "NodeNames": self.candidates()}).encode()
+        ms, result = await self.post("filter", body)
+        self.filter_ms.append(ms)
+        if result["Error"]:
+            self.errors.append(result["Error"])
+        elif result["NodeNames"]:
+            await binds.put((pod, result["NodeNames"][0], tries, retry_queue))
+        else:
+            self.unschedulable += 1
+
     async def binder(self, binds: asyncio.Queue, record: bool) -> None:
         while True:
             pod, node, tries, queue = await binds.get()
@@ -220,24 +269,32 @@ class Driver:
                 print(f"  slow filter: {ms:.0f} ms (#{len(out)})")
         return out
 
-    async def run(self, pods: list[dict], record: bool) -> float:
+    async def run(self, pods: list[dict], record: bool, rate: float = 0.0) -> float:
         queue: asyncio.Queue = asyncio.Queue()
         binds: asyncio.Queue = asyncio.Queue()
+        stored_pods = []
         for p in pods:
             stored = self.api.store.create("pods", p)
             stored.pop("apiVersion", None)
             stored.pop("kind", None)
-            queue.put_nowait((stored, 0))
-        tasks = [
-            asyncio.create_task(self.schedule(queue, binds, record)) for _ in range(self.args.filter_clients)
-        ]
-        tasks += [asyncio.create_task(self.binder(binds, record)) for _ in range(self.args.binders)]
+            stored_pods.append(stored)
+        tasks = [asyncio.create_task(self.binder(binds, record)) for _ in range(self.args.binders)]
         t0 = time.perf_counter()
-        while True:
-            await queue.join()
+        if rate > 0:
+            await self.paced(stored_pods, binds, rate)
             await binds.join()
-            if queue.empty():
-                break
+        else:
+            for stored in stored_pods:
+                queue.put_nowait((stored, 0))
+            tasks += [
+                asyncio.create_task(self.schedule(queue, binds, record))
+                for _ in range(self.args.filter_clients)
+            ]
+            while True:
+                await queue.join()
+                await binds.join()
+                if queue.empty():
+                    break
         elapsed = time.perf_counter() - t0
         for t in tasks:
             t.cancel()
@@ -332,11 +389,19 @@ async def main_async(args: argparse.Namespace) -> None:
                 print(f"warm-up: {args.warmup} pods in {w:.1f}s ({driver.bound} bound)")
             driver.bound = driver.unschedulable = 0
             driver.bind_errors.clear()
-            cpu0 = cpu_seconds(proc.pid)
-            elapsed = await driver.run(pods[args.warmup :], record=True)
-            cpu = cpu_seconds(proc.pid) - cpu0
+            cpu0, own0 = cpu_seconds(proc.pid), cpu_seconds(os.getpid())
+            sums0 = await server_sums(session, url)
+            elapsed = await driver.run(pods[args.warmup :], record=True, rate=args.rate)
+            cpu, own = cpu_seconds(proc.pid) - cpu0, cpu_seconds(os.getpid()) - own0
+            sums1 = await server_sums(session, url)
+            server = {k: sums1.get(k, 0.0) - sums0.get(k, 0.0) for k in sums1}
             f, b = driver.filter_ms, driver.bind_ms
-            print(f"measured: {args.pods} pods, {args.filter_clients} filter client(s), {args.binders} binders, "
+            load = (
+                f"offered {args.rate:g} pods/s (open loop)"
+                if args.rate
+                else f"{args.filter_clients} filter client(s)"
+            )
+            print(f"measured: {args.pods} pods, {load}, {args.binders} binders, "
                   f"{args.candidates} candidate nodes per filter")  # fmt: skip
             print(f"filter latency ms: p50 {pct(f, 50):.2f}  p90 {pct(f, 90):.2f}  p99 {pct(f, 99):.2f}  "
                   f"max {max(f):.2f}  mean {statistics.fmean(f):.2f}  (n={len(f)})")  # fmt: skip
@@ -346,7 +411,13 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"filter+bind: {driver.bound} pods bound in {elapsed:.2f}s = {driver.bound / elapsed:.0f}/s; "
                   f"{driver.unschedulable} unschedulable; failed binds (pod re-queued) {driver.bind_errors or 0}; "
                   f"filter errors {len(driver.errors)}")  # fmt: skip
-            print(f"extender CPU: {cpu:.2f}s = {1000 * cpu / max(1, len(f)):.2f} ms per filter+bind")
+            print(f"extender CPU: {cpu:.2f}s = {1000 * cpu / max(1, len(f)):.2f} ms per filter+bind "
+                  f"({100 * cpu / elapsed:.0f}% of one core); load driver + API server process: "
+                  f"{100 * own / elapsed:.0f}% of one core")  # fmt: skip
+            if server.get("filter_count"):
+                print(f"inside the extender (its histograms): filter mean "
+                      f"{1000 * server['filter_sum'] / server['filter_count']:.2f} ms, bind mean "
+                      f"{1000 * server.get('bind_sum', 0) / max(1, server.get('bind_count', 0)):.2f} ms")  # fmt: skip
             if driver.errors:
                 print("first filter error:", driver.errors[0])
             if args.filter_only:
@@ -375,6 +446,8 @@ def main() -> None:
     p.add_argument(
         "--filter-only", type=int, default=1000, help="then N filters without binds (default 1000)"
     )
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="offer pods at this steady rate per second instead of a closed scheduling loop")  # fmt: skip
     p.add_argument("--extender-args", default="", help="extra extender flags, e.g. '--events failures'")
     p.add_argument("--profile", help="profile every extender thread with yappi (CPU clock), pstat file")
     p.add_argument("--breakdown", action="store_true", help="only measure the CPU cost of each part, alone")

@@ -19,6 +19,11 @@ from hami.errors import HamiError, InvalidRequest
 EXIT_USAGE = 2
 
 
+def _one_line(text: object) -> str:
+    """Users get one line per error, whatever a message (a YAML parser's, an OS error's) holds."""
+    return " ".join(str(text).split())
+
+
 class UsageError(Exception):
     """A command-line problem found by argparse."""
 
@@ -59,28 +64,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_simulate(args)
     except UsageError as e:
-        print(e, file=sys.stderr)
+        print(_one_line(e), file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequest as e:
-        print(f"hami: error: {e}", file=sys.stderr)
+        print(f"hami: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
         return 0
     except OSError as e:
         where = f"{e.filename}: " if e.filename else ""
-        print(f"hami: error: {where}{e.strerror or e}", file=sys.stderr)
+        print(f"hami: error: {where}{_one_line(e.strerror or e)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("hami: interrupted", file=sys.stderr)
         return 130
     except HamiError as e:
-        print(f"hami: error: {e}", file=sys.stderr)
+        print(f"hami: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never a traceback
         if os.environ.get("HAMI_DEBUG"):
             traceback.print_exc()
         print(
-            f"hami: internal error: {type(e).__name__}: {e} (set HAMI_DEBUG=1 for the traceback)",
+            f"hami: internal error: {type(e).__name__}: {_one_line(e)} (set HAMI_DEBUG=1 for the traceback)",
             file=sys.stderr,
         )
         return 1

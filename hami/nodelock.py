@@ -55,7 +55,7 @@ from hami.errors import AnnotationError, Conflict, NodeLockContention, NotFound
 log = logging.getLogger(__name__)
 
 NODE_LOCK_EXPIRY_S = 300.0  # HAMi's --node-lock-timeout default (5 minutes)
-# Optimistic-concurrency retries: HAMi's backoff (5 steps, 100 ms, x2, jitter 0.5).
+# Optimistic-concurrency retries: one at once, then HAMi's backoff (100 ms, x2, jitter 0.5).
 _RETRY_STEPS = 5
 _RETRY_INITIAL_S = 0.1
 
@@ -72,7 +72,12 @@ def _node_mutex(node_name: str) -> threading.Lock:
 
 
 def _sleep_backoff(step: int) -> None:
-    delay = _RETRY_INITIAL_S * (2**step)
+    # The first conflict is retried at once: with one active scheduler the other writers of a node are
+    # its device plugin releasing the lock and the handshake stamps, so a fresh read usually finds the
+    # node free. Repeated conflicts back off as HAMi does (100 ms, x2, jitter 0.5).
+    if step == 0:
+        return
+    delay = _RETRY_INITIAL_S * (2 ** (step - 1))
     time.sleep(delay * (1 + random.random() * 0.5))
 
 
@@ -122,8 +127,15 @@ def lock_node(
     expiry_s: float = NODE_LOCK_EXPIRY_S,
     key: str = NODE_LOCK,
     now: Callable[[], datetime] | None = None,
+    cached: Mapping[str, Any] | None = None,
 ) -> None:
     """Take the node lock for pod `namespace`/`pod_name` (a `hami.kube.KubeClient` as `client`).
+
+    `cached`: the caller's watched copy of the Node (e.g. the extender's reflector). When it shows the
+    node unlocked (or the lock expired), the first write is made from it with its resourceVersion as
+    the precondition, saving the GET; a stale copy costs one 409 and then the normal read-and-retry
+    path runs without a backoff. A cached copy that shows any live lock is never trusted: the node
+    is read afresh before contention is declared (the holder may have released it since).
 
     Succeeds when the node is unlocked, already locked by this pod (re-entrant, nothing written),
     locked longer than `expiry_s` seconds ago, locked with a malformed value, or locked by a dangling
@@ -133,6 +145,11 @@ def lock_node(
     """
     clock = now or (lambda: datetime.now().astimezone())
     with _node_mutex(node_name):
+        if cached is not None and _lock_from_cache(
+            client, cached, node_name, namespace=namespace, pod_name=pod_name, expiry_s=expiry_s,
+            key=key, clock=clock,
+        ):  # fmt: skip
+            return
         for step in range(_RETRY_STEPS + 1):
             node = client.get_node(node_name)
             if node is None:
@@ -182,6 +199,40 @@ def lock_node(
         raise Conflict(
             f"node {node_name} kept changing; could not take its lock for pod {namespace}/{pod_name}"
         )
+
+
+def _lock_from_cache(
+    client: Any,
+    node: Mapping[str, Any],
+    node_name: str,
+    *,
+    namespace: str,
+    pod_name: str,
+    expiry_s: float,
+    key: str,
+    clock: Callable[[], datetime],
+) -> bool:
+    """One optimistic write from a cached Node; True when the lock was taken, False to go the long way.
+
+    Only an unlocked node or an expired lock is written from the cache; anything else (a live lock,
+    ours included, a malformed value, no resourceVersion) needs the fresh read of the normal path.
+    """
+    meta = node.get("metadata") or {}
+    rv = meta.get("resourceVersion")
+    if not rv or meta.get("name") != node_name:
+        return False
+    try:
+        lock = read_node_lock(node, key=key)
+    except AnnotationError:
+        return False
+    if lock is not None and (clock() - lock.time).total_seconds() <= expiry_s:
+        return False
+    value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
+    try:
+        client.patch_node_annotations(node_name, {key: value}, resource_version=rv)
+    except Conflict:
+        return False  # the cache was behind the API server: re-read
+    return True
 
 
 def release_node_lock(

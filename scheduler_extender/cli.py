@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(EVENT_LEVELS),
         help="pod events: all (HAMi: FilteringSucceed/BindingSucceed too), failures (Warning only), none",
     )
+    p.add_argument("--async-record", type=boolean, nargs="?", const=True, default=False,
+                   help="answer /filter before the placement is written to the pod; /bind waits for the write "
+                   "(lower filter latency; a failed write fails the bind instead of the filter). Default false")  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -218,16 +221,20 @@ class Server:
             self.client.create_event,
             component=name or "hami-scheduler",
             on_drop=self.metrics.events_dropped.inc,
+            level=args.events,
         )
         self.extender = Extender(
             self.state,
             self.client,
-            settings=Settings(scheduler_name=name, node_lock_expiry_s=args.node_lock_timeout),
+            settings=Settings(
+                scheduler_name=name, node_lock_expiry_s=args.node_lock_timeout, async_record=args.async_record
+            ),
             metrics=self.metrics,
             events=self.events,
             readiness=self.runtime.readiness,
             inflight=self.inflight,
             pod_lookup=self._cached_pod,
+            node_lookup=self._cached_node,
         )
         self.app = make_app(self.extender, max_body_bytes=args.max_request_bytes)
         self.ssl_context = tls_context(args.tls_cert_file, args.tls_private_key_file)
@@ -237,6 +244,10 @@ class Server:
     def _cached_pod(self, namespace: str, name: str) -> dict | None:
         sync = self.runtime.sync
         return sync.cached_pod(namespace, name) if sync is not None else None
+
+    def _cached_node(self, name: str) -> dict | None:
+        sync = self.runtime.sync
+        return sync.nodes.get(name) if sync is not None else None
 
     @property
     def url(self) -> str:
@@ -272,6 +283,7 @@ class Server:
         await self.events.stop()
         if self._runner is not None:
             await self._runner.cleanup()
+        self.extender.close()
         self.client.close()
 
 

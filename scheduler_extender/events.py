@@ -83,10 +83,12 @@ class EventSink:
         self._queue: asyncio.Queue[tuple[dict[str, Any], dict[str, Any]]] = asyncio.Queue(capacity)
         self._on_drop = on_drop or (lambda: None)
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         if self._send is not None and self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="event-sink")
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name="event-sink")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -98,13 +100,28 @@ class EventSink:
             self._task = None
 
     def emit(self, involved: Mapping[str, Any], *, reason: str, message: str, warning: bool = False) -> None:
-        """Queue one event about `involved` (a Pod dict or a stub with kind and metadata). Never blocks."""
+        """Queue one event about `involved` (a Pod dict or a stub with kind and metadata). Never blocks.
+
+        Callable from any thread: the filter and bind work runs in worker threads, and an asyncio
+        queue may only be touched from its loop's thread (else the drain task may not wake up).
+        """
         if self._send is None or (self.warnings_only and not warning):
             return
         kwargs = {"reason": reason, "message": message, "type": "Warning" if warning else "Normal",
                   "component": self.component}  # fmt: skip
+        item = (dict(involved), kwargs)
+        loop = self._loop
+        if loop is not None and not _in_loop(loop):
+            try:
+                loop.call_soon_threadsafe(self._put, item)
+            except RuntimeError:  # the loop is closed: shutting down
+                self._on_drop()
+            return
+        self._put(item)
+
+    def _put(self, item: tuple[dict[str, Any], dict[str, Any]]) -> None:
         try:
-            self._queue.put_nowait((dict(involved), kwargs))
+            self._queue.put_nowait(item)
         except asyncio.QueueFull:
             self._on_drop()
 
@@ -122,6 +139,13 @@ class EventSink:
                 log.warning("event %s not recorded: %s", kwargs.get("reason"), e)
             finally:
                 self._queue.task_done()
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def pod_ref(namespace: str, name: str, uid: str = "") -> dict[str, Any]:

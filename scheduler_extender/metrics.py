@@ -129,13 +129,13 @@ class ExtenderMetrics:
     """The extender's collectors on their own `CollectorRegistry` (`.registry`).
 
     - `hami_scheduler_filter_duration_seconds` / `hami_scheduler_bind_duration_seconds`: time from
-      body read to reply built (includes the pod patch / the lock, patch and Binding calls).
+      body read to reply built (includes the pod patch, unless --async-record / the lock and Binding calls).
     - `hami_scheduler_filter_total{result}`: placed, unschedulable, passthrough (no managed device),
       error (the reply's `Error` was set).
     - `hami_scheduler_bind_total{result}`: bound, error.
     - `hami_scheduler_filter_failures_total{reason}` / `hami_scheduler_bind_failures_total{reason}`:
       failures by reason (bad_request, not_ready, wrong_scheduler, invalid_pod, no_fit, patch,
-      pod_gone, node_gone, no_reservation, lock, bind, ...).
+      pod_gone, node_gone, no_reservation, lock, record, bind, ...).
     - `hami_scheduler_is_leader`, `hami_scheduler_cache_synced`: 0/1.
     - `hami_scheduler_events_dropped_total`: events not sent because the queue was full.
     - `hami_build_info`.

@@ -15,8 +15,10 @@ Rules this module keeps (k8s-protocols §1.2/§1.8, hami-legacy-spec §2.3/§2.7
   For a pod placed by an earlier filter that now fits nowhere, that one patch removes the stale
   allocation instead. Events are queued, never awaited. Decisions and pod events are serialised
   through `sync.Inflight`, so a late event cannot undo a newer reservation.
-* Bind takes the node lock, marks the pod ``hami.io/bind-phase: allocating`` with ``hami.io/bind-time``,
-  then creates the Binding. A failure after the lock releases the lock (owner-checked); a pod or node
+* Bind takes the node lock (first try from the watched Node, no GET), then creates the Binding, which
+  carries ``hami.io/bind-phase: allocating`` and ``hami.io/bind-time`` in its annotations: the API server
+  copies them onto the pod in the same write that binds it (two API calls on the happy path).
+  A failure after the lock releases the lock (owner-checked); a pod or node
   that is gone also releases the reservation. Other failures keep the reservation: the pod still carries
   its allocation annotations (so a rebuild would count it too) until kube-scheduler filters it again,
   which replaces the reservation, or the pod is deleted (HAMi §2.9).
@@ -30,8 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +70,9 @@ class Settings:
 
     scheduler_name: str = "hami-scheduler"
     node_lock_expiry_s: float = NODE_LOCK_EXPIRY_S
+    #: ``--async-record``: answer /filter once the decision is reserved and write the pod patch in the
+    #: background; /bind waits for that write (and fails if it failed) before taking the node lock.
+    async_record: bool = False
 
 
 class BindFailure(Exception):
@@ -79,7 +88,8 @@ class Extender:
 
     `readiness()` returns None when this replica may serve, else why not (standby, caches syncing).
     `pod_lookup(namespace, name)` returns the watched copy of a pod (or None); bind uses it to answer a
-    retried bind of an already-bound pod without taking the node lock again.
+    retried bind of an already-bound pod without taking the node lock again. `node_lookup(name)` returns
+    the watched copy of a Node (or None); the node lock's first write is made from it (no GET).
     """
 
     def __init__(
@@ -93,15 +103,32 @@ class Extender:
         readiness: Callable[[], str | None] = lambda: None,
         inflight: Inflight | None = None,
         pod_lookup: Callable[[str, str], dict[str, Any] | None] = lambda _ns, _name: None,
+        node_lookup: Callable[[str], dict[str, Any] | None] = lambda _name: None,
     ) -> None:
         self.state = state
         self.pod_lookup = pod_lookup
+        self.node_lookup = node_lookup
         self.inflight = inflight if inflight is not None else Inflight()
         self.client = client
         self.settings = settings or Settings()
         self.metrics = metrics or ExtenderMetrics(state)
         self.events = events or ev.EventSink(None, component=self.settings.scheduler_name or "hami-scheduler")
         self.readiness = readiness
+        # --async-record: pod UID -> the background patch recording its placement (until it is done),
+        # and the error texts of failed ones (until bind reports them; bounded).
+        self._pending: dict[str, Future[bool]] = {}
+        self._record_errors: OrderedDict[str, str] = OrderedDict()
+        self._pending_lock = threading.Lock()
+        self._recorder = (
+            ThreadPoolExecutor(max_workers=8, thread_name_prefix="extender-record")
+            if self.settings.async_record and client is not None
+            else None
+        )
+
+    def close(self) -> None:
+        """Stop the background placement writer (``--async-record``); writes in flight finish."""
+        if self._recorder is not None:
+            self._recorder.shutdown(wait=False)
 
     # ------------------------------------------------------------------------------------------
     # filter
@@ -152,6 +179,10 @@ class Extender:
     def _filter_sync(self, args: FilterArgs) -> dict[str, Any]:
         pod = args.pod
         meta = pod["metadata"]
+        if self._recorder is not None:
+            # A re-filter of a pod whose previous placement is still being written: let that write land
+            # first, or it could overwrite the new placement's annotations.
+            self.wait_recorded(meta["uid"], timeout_s=30.0)
         with self.inflight.lock:
             # Atomic with the pod watch: no event older than this decision can undo its reservation.
             placed_before = self.state.pod_node(meta["uid"]) is not None or A.ASSIGNED_NODE in (
@@ -187,24 +218,71 @@ class Extender:
                 pod, reason=ev.FILTERING_FAILED, message=ev.filtering_failed_message(failed), warning=True
             )
             return filter_result(args, passed=[], failed=failed)
-        error = self._record(pod, outcome)
-        if error is not None:
-            self.state.release_reservation(meta["uid"])
-            self.inflight.forget(meta["uid"])
-            self.metrics.filter_failed("patch")
-            self.events.emit(pod, reason=ev.FILTERING_FAILED, message=error, warning=True)
-            return filter_result(args, error=error)
         for n in args.names:
             if n != outcome.node:
                 failed.setdefault(n, f"node {outcome.node} chosen")
-        self.metrics.filters.labels("placed").inc()
         cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
-        self.events.emit(
-            pod,
-            reason=ev.FILTERING_SUCCEED,
-            message=ev.filtering_succeed_message(outcome.node, cards, len(failed)),
-        )
+        succeed = ev.filtering_succeed_message(outcome.node, cards, len(failed))
+        if self._recorder is not None:
+            uid = meta["uid"]
+            with self._pending_lock:
+                self._record_errors.pop(uid, None)
+                future = self._recorder.submit(self._record_and_settle, pod, outcome, succeed)
+                self._pending[uid] = future
+            future.add_done_callback(lambda _f, uid=uid: self._record_done(uid, _f))
+            self.metrics.filters.labels("placed").inc()
+            return filter_result(args, passed=[outcome.node], failed=failed)
+        if not self._record_and_settle(pod, outcome, succeed):
+            return filter_result(args, error=self._last_error(meta["uid"]))
+        self.metrics.filters.labels("placed").inc()
         return filter_result(args, passed=[outcome.node], failed=failed)
+
+    def _record_and_settle(self, pod: dict[str, Any], outcome: FilterOutcome, succeed: str) -> bool:
+        """Write the placement; on failure release the reservation, count and report it. True when written.
+
+        The error text is kept for `wait_recorded` / `_last_error` (bounded to the last 1000 pods).
+        """
+        uid = pod["metadata"]["uid"]
+        error = self._record(pod, outcome)
+        if error is None:
+            self.events.emit(pod, reason=ev.FILTERING_SUCCEED, message=succeed)
+            return True
+        self.state.release_reservation(uid)
+        self.inflight.forget(uid)
+        self.metrics.filter_failed("patch")
+        self.events.emit(pod, reason=ev.FILTERING_FAILED, message=error, warning=True)
+        with self._pending_lock:
+            self._record_errors[uid] = error
+            while len(self._record_errors) > 1000:
+                self._record_errors.popitem(last=False)
+        return False
+
+    def _last_error(self, uid: str) -> str:
+        with self._pending_lock:
+            return self._record_errors.pop(uid, "recording the placement failed")
+
+    def _record_done(self, uid: str, future: Future[bool]) -> None:
+        with self._pending_lock:
+            if self._pending.get(uid) is future:
+                del self._pending[uid]
+
+    def wait_recorded(self, uid: str, *, timeout_s: float) -> str | None:
+        """``--async-record``: wait for the pending placement write of pod `uid`; its error text, or None.
+
+        None also when nothing is pending (written long ago, or synchronous mode).
+        """
+        with self._pending_lock:
+            future = self._pending.get(uid)
+        if future is not None:
+            try:
+                future.result(timeout=timeout_s)
+            except FutureTimeout:
+                return f"recording the placement is still in progress after {timeout_s:.0f}s"
+            except Exception as e:  # noqa: BLE001 - a bug in the writer must fail the bind, not the server
+                log.exception("placement write of pod %s failed unexpectedly", uid)
+                return f"recording the placement failed: {e}"
+        with self._pending_lock:
+            return self._record_errors.pop(uid, None)
 
     def _cleared(self) -> dict[str, str | None]:
         keys: dict[str, str | None] = {A.ASSIGNED_NODE: None, A.ASSIGNED_TIME: None}
@@ -307,6 +385,10 @@ class Extender:
                 raise BindFailure("pod_gone", f"binding {who} to {node} failed: the pod no longer exists")
             uid = (pod.get("metadata") or {}).get("uid", "")
             a = BindArgs(name, ns, uid, node)
+        if self._recorder is not None and uid:
+            error = self.wait_recorded(uid, timeout_s=30.0)
+            if error is not None:
+                raise BindFailure("record", f"binding {who} to {node} failed: {error}")
         cached = self.pod_lookup(ns, name)
         if cached is not None and (not uid or (cached.get("metadata") or {}).get("uid") == uid):
             bound = (cached.get("spec") or {}).get("nodeName")
@@ -328,8 +410,9 @@ class Extender:
             return
         try:
             lock_node(
-                self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s
-            )
+                self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s,
+                cached=self.node_lookup(node),
+            )  # fmt: skip
         except NodeLockContention as e:
             raise BindFailure("lock", f"binding {who} to {node} failed: {e}") from None
         except NotFound:
@@ -343,12 +426,6 @@ class Extender:
                 "lock", f"binding {who} failed: cannot take the lock of node {node}: {e}"
             ) from None
         try:
-            self.client.patch_pod_metadata(
-                ns,
-                name,
-                annotations={A.BIND_PHASE: A.BindPhase.ALLOCATING.value, A.BIND_TIME: str(int(time.time()))},
-                uid=uid or None,
-            )
             why = self.state.node_unusable_reason(node)
             if why is not None and why.startswith("node unregistered"):
                 # The node (or its registration) went away while we held the lock: the API server would
@@ -359,7 +436,15 @@ class Extender:
                     "node_gone",
                     f"binding {who} failed: node {node} no longer exists; the reservation was released",
                 )
-            self.client.bind_pod(ns, name, uid=uid or None, node=node)
+            # bind-phase and bind-time ride on the Binding: the API server writes them together with
+            # spec.nodeName, so the device plugin never sees one without the other.
+            self.client.bind_pod(
+                ns,
+                name,
+                uid=uid or None,
+                node=node,
+                annotations={A.BIND_PHASE: A.BindPhase.ALLOCATING.value, A.BIND_TIME: str(int(time.time()))},
+            )
         except (NotFound, Conflict) as e:
             self._unlock(node, ns, name)
             gone = isinstance(e, NotFound) or self._pod_gone(ns, name, uid)

@@ -70,6 +70,9 @@ class Inflight:
     def __len__(self) -> int:
         return len(self._by_uid)
 
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._by_uid
+
     def admits(self, pod: dict[str, Any]) -> bool:
         """Whether a pod event may be applied (False: it predates our pending write for that pod)."""
         meta = pod.get("metadata") or {}
@@ -133,6 +136,7 @@ class ClusterSync:
         self._health: dict[str, str | None] = {}  # node -> last liveness verdict applied
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
+        self._alloc_keys = (NODE_ASSIGNED, *sorted({v.allocated_key for v in state.vendors.values()}))
         self.nodes = Reflector(
             client, "nodes", on_sync=self._nodes_synced, on_add=self._node_event,
             on_update=self._node_updated, on_delete=self._node_deleted,
@@ -140,7 +144,7 @@ class ClusterSync:
         )  # fmt: skip
         self.pods = Reflector(
             client, "pods", on_sync=self._rebuild_from_caches, on_add=self._pod_event,
-            on_update=lambda _old, new: self._pod_event(new), on_delete=self._pod_deleted,
+            on_update=self._pod_updated, on_delete=self._pod_deleted,
             watch_timeout_s=watch_timeout_s, name="extender-pods",
         )  # fmt: skip
         self.quotas = Reflector(
@@ -237,6 +241,33 @@ class ClusterSync:
         with self._lock, self.inflight.lock:
             if not self._closed and self.inflight.admits(pod):
                 self.state.upsert_pod(pod)
+
+    def _pod_updated(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        # Most pod updates after our filter patch are the Binding (nodeName, bind-phase) and the device
+        # plugin's bind-phase success: nothing ClusterState counts changed, so skip the decode. Only
+        # when no write of ours is pending: then `admits` would pass and upsert_pod be a no-op.
+        uid = (new.get("metadata") or {}).get("uid", "")
+        if uid not in self.inflight and self._pod_inputs(old) == self._pod_inputs(new):
+            return
+        self._pod_event(new)
+
+    def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
+        """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
+        scheduler name, phase, the container lists and init container states."""
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        annos = meta.get("annotations") or {}
+        keys = self._alloc_keys
+        return (
+            meta.get("uid"),
+            tuple(annos.get(k) for k in keys),
+            spec.get("schedulerName"),
+            spec.get("containers"),
+            spec.get("initContainers"),
+            status.get("phase"),
+            status.get("initContainerStatuses"),
+        )
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:
         uid = (pod.get("metadata") or {}).get("uid", "")

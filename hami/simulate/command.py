@@ -9,19 +9,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
 from typing import TextIO
 
-from hami.config import DeviceConfig, load_config_file
-from hami.errors import InvalidRequest
+import yaml
+
+from hami.config import CARD_POLICIES, NODE_POLICIES, DeviceConfig, load_config_file
+from hami.errors import ConfigError, InvalidRequest
 from hami.simulate import kubeyaml, openb
 from hami.simulate.engine import Mode, Policy, RunResult, parse_policy, run
 from hami.simulate.generate import DEFAULT_NODES, DEFAULT_PODS, generate_nodes, generate_pods
 from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, Workload, parse_gpu_models
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
+
+#: Largest `--arrival`: far past the point where a cluster is full (the FGD paper stops at 130 %); a
+#: larger target only makes the run longer, and an unbounded one never ends.
+MAX_ARRIVAL = 1000.0
+
+#: Largest `--generate` sizes: a run of this size takes minutes; beyond, memory becomes the limit.
+MAX_GENERATE = (100_000, 1_000_000)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,48 +137,130 @@ def _is_yaml(path: str) -> bool:
 
 def _policies(args: argparse.Namespace, config: DeviceConfig) -> tuple[list[Policy], bool]:
     sched = config.scheduler
-    if args.compare:
-        if args.policy or args.node_policy or args.card_policy:
-            raise InvalidRequest(
-                "--compare: give the policies in the list, not also --policy/--node-policy/--card-policy"
-            )
+    given = [
+        f
+        for f, v in (
+            ("--policy", args.policy),
+            ("--node-policy", args.node_policy),
+            ("--card-policy", args.card_policy),
+        )
+        if v is not None
+    ]
+    for flag in given:
+        if not getattr(args, flag[2:].replace("-", "_")).strip():
+            raise InvalidRequest(f"{flag}: empty value; e.g. {flag} binpack")
+    if args.compare is not None:
+        if given:
+            raise InvalidRequest(f"--compare: give the policies in the list, not also {given[0]}")
         specs = [s for s in args.compare.split(",") if s.strip()]
         if not specs:
             raise InvalidRequest("--compare: empty list; e.g. --compare binpack,spread")
-        policies = [parse_policy(s, default_node=sched.nodeSchedulerPolicy) for s in specs]
+        policies = [parse_policy(s, default_node=sched.nodeSchedulerPolicy, flag="--compare") for s in specs]
         labels = [p.label for p in policies]
         dup = {x for x in labels if labels.count(x) > 1}
         if dup:
             raise InvalidRequest(f"--compare: policy {sorted(dup)[0]!r} given twice")
         return policies, True
-    if args.policy:
+    if args.policy is not None:
         base = parse_policy(args.policy, default_node=sched.nodeSchedulerPolicy)
     else:
-        base = parse_policy(f"{sched.nodeSchedulerPolicy}/{sched.gpuSchedulerPolicy.replace(',', '+')}")
+        base = parse_policy(
+            f"{sched.nodeSchedulerPolicy}/{sched.gpuSchedulerPolicy.replace(',', '+')}", flag="--config"
+        )
     node, card = base.node, base.card
-    if args.node_policy:
-        node = parse_policy(f"{args.node_policy}/{card.replace(',', '+')}").node
-    if args.card_policy:
-        card = parse_policy(f"{node}/{args.card_policy.replace(',', '+')}").card
+    if args.node_policy is not None:
+        value = args.node_policy.strip().lower()
+        if value not in NODE_POLICIES:
+            raise InvalidRequest(
+                f"--node-policy: {args.node_policy!r} is not a node policy; valid: {', '.join(NODE_POLICIES)}"
+            )
+        node = value
+    if args.card_policy is not None:
+        try:
+            card = parse_policy(f"{node}/{args.card_policy.replace(',', '+')}", flag="--card-policy").card
+        except InvalidRequest:
+            raise InvalidRequest(
+                f"--card-policy: {args.card_policy!r} is not a card policy; valid: {', '.join(CARD_POLICIES)} "
+                "or a comma chain of them such as numa,binpack"
+            ) from None
     return [Policy(node=node, card=card)], False
 
 
 def _generate_size(value: str) -> tuple[int, int]:
-    n, sep, p = value.partition(",")
-    if not sep or not n.strip().isdigit() or not p.strip().isdigit() or int(n) < 1 or int(p) < 1:
+    n, sep, p = (x.strip() for x in value.partition(","))
+    most_n, most_p = MAX_GENERATE
+    if (
+        not sep
+        or not (n.isascii() and n.isdigit() and p.isascii() and p.isdigit())
+        or not 1 <= int(n) <= most_n
+        or not 1 <= int(p) <= most_p
+    ):
         raise InvalidRequest(
-            f"--generate: {value!r} must be NODES,PODS with two integers >= 1, e.g. 200,3000"
+            f"--generate: {value!r} must be NODES,PODS with NODES 1..{most_n} and PODS 1..{most_p}, e.g. 200,3000"
         )
     return int(n), int(p)
 
 
+def _load_config(path: str | None) -> DeviceConfig:
+    """The device config, with every error on one line naming the file (and the line for bad YAML)."""
+    if path is None:
+        return load_config_file(None)
+    if not path.strip():
+        raise InvalidRequest("--config: empty file name")
+    try:
+        yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError:
+        pass  # load_config_file names the file and the reason
+    except UnicodeDecodeError:
+        raise InvalidRequest(f"--config {path}: not a UTF-8 text file") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise InvalidRequest(f"--config {where}: invalid YAML: {problem}") from None
+    try:
+        return load_config_file(path)
+    except ConfigError as e:
+        text = " ".join(str(e).split())
+        raise InvalidRequest(text if text.startswith(f"{path}:") else f"--config {path}: {text}") from None
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse output paths that cannot be written before the replay, not after minutes of it."""
+    for flag, value, example in (
+        ("--placements", args.placements, "out/placements.csv"),
+        ("--annotations", args.annotations, "out/annotations.jsonl"),
+    ):
+        if value is None:
+            continue
+        path = Path(value)
+        if not value or path.is_dir():
+            what = "an empty name" if not value else "a directory"
+            raise InvalidRequest(f"{flag}: {value!r} is {what}; give a file name such as {example}")
+        if not path.resolve().parent.is_dir():
+            raise InvalidRequest(f"{flag}: directory {path.resolve().parent} does not exist")
+    if args.report is not None:
+        path = Path(args.report)
+        if not args.report or (path.exists() and not path.is_dir()):
+            raise InvalidRequest(
+                f"--report: {args.report!r} is a file; give a directory (created if missing)"
+            )
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InvalidRequest(f"--report: cannot create directory {args.report}: {e.strerror}") from None
+
+
 def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
     """Nodes and pods from the files given (openb CSV or YAML by suffix/content), the generator for the rest."""
+    for flag, value in (("--nodes", args.nodes), ("--pods", args.pods)):
+        if value is not None and not value.strip():
+            raise InvalidRequest(f"{flag}: empty file name")
     models = parse_gpu_models(args.gpu_models)
     size_nodes, size_pods = _generate_size(args.generate)
     nodes: list[SimNode]
     pods: list[SimPod]
-    if args.nodes:
+    if args.nodes is not None:
         if _is_yaml(args.nodes):
             nodes = kubeyaml.load_nodes(args.nodes, config=config)
         else:
@@ -177,7 +269,7 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
     else:
         nodes = generate_nodes(size_nodes, config=config, seed=args.seed)
         nodes_source = f"built-in generator (seed {args.seed}, {size_nodes} nodes)"
-    if args.pods:
+    if args.pods is not None:
         if _is_yaml(args.pods):
             pods = kubeyaml.load_pods(args.pods, config=config)
         else:
@@ -194,6 +286,27 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
     )
 
 
+def _check_workload(workload: Workload, mode: Mode) -> None:
+    """Inputs that load but cannot be replayed in `mode`, named by their file (the engine checks again)."""
+    if not any(n.cards for n in workload.nodes):
+        raise InvalidRequest(
+            f"{workload.nodes_source}: the cluster has no GPU: no node has a card (openb: the gpu column; "
+            "YAML: the hami.io/node-nvidia-register annotation)"
+        )
+    if mode is Mode.FILL and not any(p.is_gpu for p in workload.pods):
+        raise InvalidRequest(
+            f"{workload.pods_source}: fill mode needs at least one GPU pod; every pod is CPU-only"
+        )
+    if mode is Mode.TRACE:
+        missing = [p.name for p in workload.pods if p.creation_time is None]
+        if missing:
+            raise InvalidRequest(
+                f"{workload.pods_source}: --mode trace needs a creation time for every pod; {len(missing)} of "
+                f"{len(workload.pods)} pods have none (first: {missing[0]}); use --mode fill for pod lists "
+                "without times"
+            )
+
+
 def run_simulate(
     args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None
 ) -> int:
@@ -202,15 +315,17 @@ def run_simulate(
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    config = load_config_file(args.config)
+    config = _load_config(args.config)
     policies, compare = _policies(args, config)
     mode = Mode(args.mode)
-    if mode is Mode.FILL and not args.arrival > 0:
-        raise InvalidRequest(f"--arrival: {args.arrival:g} must be a percent > 0 (e.g. 130)")
-    for flag, value in (("--placements", args.placements), ("--annotations", args.annotations)):
-        if value and not Path(value).resolve().parent.is_dir():
-            raise InvalidRequest(f"{flag}: directory {Path(value).resolve().parent} does not exist")
+    if mode is Mode.FILL and not (math.isfinite(args.arrival) and 0 < args.arrival <= MAX_ARRIVAL):
+        raise InvalidRequest(
+            f"--arrival: {args.arrival:g} is not a valid fill target; valid: a percent of the cluster's GPU "
+            f"capacity above 0 and at most {MAX_ARRIVAL:g} (e.g. 130)"
+        )
+    _check_outputs(args)
     workload = load_workload(args, config)
+    _check_workload(workload, mode)
     show_progress = not args.no_progress and stderr.isatty()
     results: list[RunResult] = []
     for policy in policies:
@@ -224,8 +339,8 @@ def run_simulate(
                     mode=mode,
                     arrival=args.arrival,
                     seed=args.seed,
-                    placements=bool(args.placements),
-                    annotations=bool(args.annotations),
+                    placements=args.placements is not None,
+                    annotations=args.annotations is not None,
                     progress=bar,
                 )
             )
@@ -238,15 +353,15 @@ def run_simulate(
         stdout.write("\n")
     else:
         stdout.write(summary_text(results, workload) + "\n")
-    if args.placements:
+    if args.placements is not None:
         rows = write_placements(args.placements, results)
         if not args.json:
             stdout.write(f"placements: {rows} rows written to {args.placements}\n")
-    if args.annotations:
+    if args.annotations is not None:
         rows = write_annotations(args.annotations, results)
         if not args.json:
             stdout.write(f"annotations: {rows} pods written to {args.annotations}\n")
-    if args.report:
+    if args.report is not None:
         from hami.simulate.plots import write_report
 
         paths = write_report(results, args.report)

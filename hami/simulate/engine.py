@@ -58,13 +58,15 @@ class Policy:
         return self.node if self.node == self.card else f"{self.node}/{self.card.replace(',', '+')}"
 
 
-def parse_policy(spec: str, *, default_node: str = "binpack", default_card: str = "spread") -> Policy:
+def parse_policy(
+    spec: str, *, default_node: str = "binpack", default_card: str = "spread", flag: str = "--policy"
+) -> Policy:
     """A policy as the CLI writes it.
 
     - ``binpack`` / ``spread``: that node policy and that card policy;
     - a card-only policy (``numa``, ``mutex``, ``topology-aware``): that card policy, `default_node`;
     - ``NODE/CARD``: both explicitly, the card part may be a chain joined by ``+`` (``binpack/numa+binpack``).
-    Raises InvalidRequest naming the value and the valid ones.
+    Raises InvalidRequest naming `flag`, the value and the valid ones.
     """
     s = spec.strip().lower()
     valid = (
@@ -77,13 +79,12 @@ def parse_policy(spec: str, *, default_node: str = "binpack", default_card: str 
         node, card = s, s
     else:
         node, card = default_node, s
-    card = card.replace("+", ",")
     try:
-        parse_node_policy(node)
-        parse_card_policy(card)
+        node = parse_node_policy(node.strip()).value
+        chain = parse_card_policy(card.replace("+", ","))
     except InvalidRequest:
-        raise InvalidRequest(f"policy {spec!r} is not a policy; {valid}") from None
-    return Policy(node=node, card=",".join(p.strip() for p in card.split(",")))
+        raise InvalidRequest(f"{flag}: {spec!r} is not a policy; {valid}") from None
+    return Policy(node=node, card=",".join(p.value for p in chain))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, date, datetime
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from hami.quantity import parse_quantity
 from hami.simulate.workload import DEFAULT_MAX_PODS, DEFAULT_NAMESPACE, SimNode, SimPod, TraceError
 from hami.vendors import build_vendors
 
-#: CPU / memory of a node that does not state its allocatable: large enough to fit any pod.
+#: CPU / memory of a node that does not state its allocatable: large enough to fit any pod. Also the
+#: largest CPU (millicores) or memory (MiB) an object may state: the engine keeps them in int64 arrays.
 UNLIMITED = 1 << 50
 
 
@@ -49,8 +51,15 @@ def _documents(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     for node in nodes:
         if node is None:
             continue
-        obj = yaml.SafeLoader("").construct_document(node)
         line = node.start_mark.line + 1
+        try:
+            obj = yaml.SafeLoader("").construct_document(node)
+        except yaml.YAMLError as e:
+            # e.g. a `!!python/object` tag: the safe loader refuses it.
+            mark = getattr(e, "problem_mark", None)
+            at = mark.line + 1 if mark is not None else line
+            problem = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise TraceError(source, at, f"invalid YAML: {problem}") from None
         if obj is None:
             continue
         if not isinstance(obj, dict):
@@ -86,6 +95,49 @@ def _quantity(value: Any, *, source: str, line: int, field: str) -> Any:
     return number
 
 
+def _bounded(value: Any, scale: int | Fraction, *, source: str, line: int, field: str, unit: str) -> int:
+    """A quantity times `scale`, rounded up, as an int no larger than `UNLIMITED` (2^50 `unit`)."""
+    number = _quantity(value, source=source, line=line, field=field) * scale
+    result = int(-(-number // 1))
+    if result > UNLIMITED:
+        raise TraceError(source, line, f"{field}: {value!r} is larger than 2^50 {unit}")
+    return result
+
+
+def _string_map(value: Any, *, source: str, line: int, field: str) -> dict[str, str]:
+    """`metadata.annotations` / `labels`: Kubernetes has them as map[string]string; the core relies on it."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TraceError(source, line, f"{field} must be a mapping of strings to strings")
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TraceError(
+                source, line, f'{field}[{k}]: {v!r} must be a string (quote it in YAML, e.g. "{v}")'
+            )
+    return value
+
+
+def _check_resources(c: Mapping[str, Any], *, source: str, line: int, where: str) -> None:
+    """`resources` is a mapping whose `limits`/`requests` map names to quantities (strings or numbers)."""
+    res = c.get("resources")
+    if res is None:
+        return
+    if not isinstance(res, dict):
+        raise TraceError(source, line, f"{where}: resources must be a mapping (limits, requests)")
+    for part in ("limits", "requests"):
+        values = res.get(part)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise TraceError(source, line, f"{where}: resources.{part} must be a mapping of quantities")
+        for k, v in values.items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise TraceError(
+                    source, line, f"{where}: resources.{part}[{k}]: {v!r} must be a quantity such as 2 or 8Gi"
+                )
+
+
 def _kind_objects(path: str | Path, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
     for line, obj in _documents(path):
         if obj.get("kind") == kind:
@@ -117,9 +169,9 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
         if name in seen:
             raise TraceError(source, line, f"Node {name}: duplicate node name")
         seen.add(name)
-        meta = obj.get("metadata") or {}
-        if not isinstance(meta.get("annotations") or {}, dict):
-            raise TraceError(source, line, f"Node {name}: metadata.annotations must be a mapping")
+        meta = obj["metadata"]
+        for part in ("annotations", "labels"):
+            _string_map(meta.get(part), source=source, line=line, field=f"Node {name}: metadata.{part}")
         cards = []
         for vendor in vendors.values():
             try:
@@ -135,18 +187,16 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
             raise TraceError(source, line, f"Node {name}: status.allocatable must be a mapping")
         cpu = mem = UNLIMITED
         pods = DEFAULT_MAX_PODS
+        where = f"Node {name}: allocatable"
         if "cpu" in alloc:
-            cpu = int(
-                _quantity(alloc["cpu"], source=source, line=line, field=f"Node {name}: allocatable cpu")
-                * 1000
-            )
+            cpu = int(_quantity(alloc["cpu"], source=source, line=line, field=f"{where} cpu") * 1000)
         if "memory" in alloc:
-            q = _quantity(alloc["memory"], source=source, line=line, field=f"Node {name}: allocatable memory")
+            q = _quantity(alloc["memory"], source=source, line=line, field=f"{where} memory")
             mem = int(q / (1 << 20))
         if "pods" in alloc:
-            pods = int(
-                _quantity(alloc["pods"], source=source, line=line, field=f"Node {name}: allocatable pods")
-            )
+            pods = int(_quantity(alloc["pods"], source=source, line=line, field=f"{where} pods"))
+        # Larger values mean "fits anything"; capped so that the engine's int64 arrays hold them.
+        cpu, mem, pods = min(cpu, UNLIMITED), min(mem, UNLIMITED), min(pods, UNLIMITED)
         nodes.append(
             SimNode(name=name, cpu_milli=cpu, memory_mib=mem, max_pods=pods, obj=obj, cards=tuple(cards))
         )
@@ -158,25 +208,37 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
 def _timestamp(value: Any, *, source: str, line: int, field: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, datetime):
-        return value.timestamp()
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        raise TraceError(source, line, f"{field}: {value!r} is not an RFC 3339 time") from None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime(value.year, value.month, value.day)
+    if not isinstance(value, datetime):
+        if not isinstance(value, str):
+            raise TraceError(source, line, f"{field}: {value!r} is not an RFC 3339 time")
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise TraceError(source, line, f"{field}: {value!r} is not an RFC 3339 time") from None
+    # A time without an offset is UTC (as the API server writes it), never this machine's local time.
+    return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
 
 
 def _container_cpu_mem(c: Mapping[str, Any], *, source: str, line: int, where: str) -> tuple[int, int]:
+    _check_resources(c, source=source, line=line, where=where)
     res = c.get("resources") or {}
     # kube-scheduler fits requests; a container with only limits gets requests = limits (API defaulting).
     req = {**(res.get("limits") or {}), **(res.get("requests") or {})}
     cpu = mem = 0
     if "cpu" in req:
-        cpu = int(_quantity(req["cpu"], source=source, line=line, field=f"{where}: requests.cpu") * 1000)
+        cpu = _bounded(
+            req["cpu"], 1000, source=source, line=line, field=f"{where}: requests.cpu", unit="millicores"
+        )
     if "memory" in req:
-        mem = -int(
-            -_quantity(req["memory"], source=source, line=line, field=f"{where}: requests.memory")
-            // (1 << 20)
+        mem = _bounded(
+            req["memory"],
+            Fraction(1, 1 << 20),
+            source=source,
+            line=line,
+            field=f"{where}: requests.memory",
+            unit="MiB",
         )
     return cpu, mem
 
@@ -203,6 +265,10 @@ def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
         name = _name(obj, source=source, line=line, kind="Pod")
         meta = obj["metadata"]
         meta.setdefault("namespace", DEFAULT_NAMESPACE)
+        if not isinstance(meta["namespace"], str) or not meta["namespace"]:
+            raise TraceError(source, line, f"Pod {name}: metadata.namespace must be a non-empty string")
+        for part in ("annotations", "labels"):
+            _string_map(meta.get(part), source=source, line=line, field=f"Pod {name}: metadata.{part}")
         meta.pop("uid", None)
         key = (meta["namespace"], name)
         if key in seen:
@@ -223,7 +289,7 @@ def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
         for is_init, c in [(True, c) for c in inits] + [(False, c) for c in spec["containers"]]:
             if not isinstance(c, dict):
                 raise TraceError(source, line, f"Pod {name}: every container must be a mapping")
-            where = f"Pod {name} container {c.get('name', '?')}"
+            where = f"Pod {name}: container {c.get('name', '?')}"
             cpu, mem = _container_cpu_mem(c, source=source, line=line, where=where)
             if is_init:
                 cpu_init, mem_init = max(cpu_init, cpu), max(mem_init, mem)

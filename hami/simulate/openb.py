@@ -8,6 +8,8 @@ the time columns are optional (the `multigpu` lists have none), and only `--mode
 from __future__ import annotations
 
 import csv
+import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +19,16 @@ from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, TraceErr
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_OPTIONAL = ("gpu_spec", "creation_time", "deletion_time")
+
+#: Largest CPU (millicores) or memory (MiB) a row may state: 2^50, far above any machine, and small
+#: enough for the engine's 64-bit per-node arrays (a larger value would overflow them).
+MAX_QUANTITY = 1 << 50
+
+# Plain ASCII numbers only: Python's int()/float() would also take "1_000", "١٠٠٠", "inf" or "1e3",
+# which no trace writes and which most likely mean a shifted or corrupted column.
+_INTEGER = re.compile(r"-?[0-9]+")
+_UNCLOSED = 'a quote (") opened on this line is not closed on it'
+_SECONDS = re.compile(r"-?[0-9]+(\.[0-9]*)?|-?\.[0-9]+")
 
 
 class _Rows:
@@ -30,13 +42,23 @@ class _Rows:
             raise TraceError(self.source, None, f"cannot read: {e.strerror}") from None
         except UnicodeDecodeError:
             raise TraceError(self.source, None, "not a UTF-8 text file") from None
-        self.reader = csv.reader(text.splitlines())
-        header = next(self.reader, None)
+        self.reader = csv.reader(text.splitlines(), strict=True)
+        try:
+            header = next(self.reader, None)
+        except csv.Error as e:
+            raise TraceError(self.source, 1, f"not CSV: {e}") from None
         if header is None:
             raise TraceError(
                 self.source, 1, f"empty file; expected a header with columns {', '.join(required)}"
             )
         self.header = [h.strip() for h in header]
+        for i, h in enumerate(self.header):
+            if h in required + POD_OPTIONAL and self.header.index(h) != i:
+                raise TraceError(
+                    self.source,
+                    1,
+                    f"column {i + 1} ({h}): duplicate column, first as column {self.header.index(h) + 1}",
+                )
         missing = [c for c in required if c not in self.header]
         if missing:
             raise TraceError(
@@ -48,11 +70,30 @@ class _Rows:
         self.index = {c: i for i, c in enumerate(self.header)}
 
     def __iter__(self):
-        for n, row in enumerate(self.reader, start=2):
+        start = self.reader.line_num + 1
+        while True:
+            try:
+                row = next(self.reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                if "unexpected end of data" in str(e):
+                    raise TraceError(self.source, start, _UNCLOSED) from None
+                raise TraceError(self.source, self.reader.line_num, f"not CSV: {e}") from None
+            n, start = start, self.reader.line_num + 1
+            if self.reader.line_num > n:
+                # Only a quoted field can span lines; no openb file has one, so it is an unclosed quote.
+                raise TraceError(self.source, n, _UNCLOSED)
             if not row or all(not c.strip() for c in row):
                 continue
             if len(row) < len(self.header):
-                raise TraceError(self.source, n, f"{len(row)} columns, the header has {len(self.header)}")
+                short = len(row)
+                raise TraceError(
+                    self.source,
+                    n,
+                    f"column {short + 1} ({self.header[short]}) is missing: the row has {short} "
+                    f"column{'s' if short != 1 else ''}, the header {len(self.header)}",
+                )
             yield n, row
 
     def has(self, column: str) -> bool:
@@ -65,16 +106,25 @@ class _Rows:
         return TraceError(self.source, line, f"column {self.index[column] + 1} ({column}): {message}")
 
     def integer(
-        self, row: list[str], line: int, column: str, *, low: int = 0, high: int | None = None
+        self, row: list[str], line: int, column: str, *, low: int = 0, high: int = MAX_QUANTITY
     ) -> int:
         raw = self.get(row, column)
-        try:
-            value = int(raw)
-        except ValueError:
-            raise self.error(line, column, f"{raw!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
-            valid = f"{low}..{high}" if high is not None else f">= {low}"
+        valid = f"{low}..{high}" if high != MAX_QUANTITY else f"an integer from {low} to 2^50"
+        if raw == "":
+            raise self.error(line, column, f"empty; valid: {valid}")
+        if not _INTEGER.fullmatch(raw):
+            raise self.error(line, column, f"{raw!r} is not an integer")
+        value = int(raw)
+        if value < low or value > high:
             raise self.error(line, column, f"{value} is out of range; valid: {valid}")
+        return value
+
+    def name(self, row: list[str], line: int, column: str, kind: str) -> str:
+        value = self.get(row, column)
+        if not value:
+            raise self.error(line, column, f"empty {kind} name")
+        if not value.isprintable():
+            raise self.error(line, column, f"{value!r}: a {kind} name must not hold control characters")
         return value
 
     def time(self, row: list[str], line: int, column: str) -> float | None:
@@ -83,11 +133,10 @@ class _Rows:
         raw = self.get(row, column)
         if raw == "":
             return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise self.error(line, column, f"{raw!r} is not a number of seconds") from None
-        if not value >= 0:  # also rejects nan
+        if not _SECONDS.fullmatch(raw):
+            raise self.error(line, column, f"{raw!r} is not a number of seconds")
+        value = float(raw)
+        if value < 0 or not math.isfinite(value):
             raise self.error(line, column, f"{raw!r} must be a number of seconds >= 0")
         return value
 
@@ -105,9 +154,7 @@ def load_nodes(
     nodes: list[SimNode] = []
     seen: dict[str, int] = {}
     for line, row in rows:
-        name = rows.get(row, "sn")
-        if not name:
-            raise rows.error(line, "sn", "empty node name")
+        name = rows.name(row, line, "sn", "node")
         if any(c in name for c in ",:;"):
             raise rows.error(line, "sn", f"{name!r} must not contain ',', ':' or ';'")
         if name in seen:
@@ -131,7 +178,7 @@ def load_nodes(
             )
         )
     if not nodes:
-        raise TraceError(rows.source, None, "no node rows")
+        raise TraceError(rows.source, 2, "no node rows after the header")
     return nodes
 
 
@@ -150,9 +197,7 @@ def load_pods(
     pods: list[SimPod] = []
     seen: dict[str, int] = {}
     for line, row in rows:
-        name = rows.get(row, "name")
-        if not name:
-            raise rows.error(line, "name", "empty pod name")
+        name = rows.name(row, line, "name", "pod")
         if name in seen:
             raise rows.error(line, "name", f"duplicate pod {name!r} (first on line {seen[name]})")
         seen[name] = line
@@ -186,5 +231,5 @@ def load_pods(
             )
         )
     if not pods:
-        raise TraceError(rows.source, None, "no pod rows")
+        raise TraceError(rows.source, 2, "no pod rows after the header")
     return pods

@@ -368,3 +368,37 @@ async def test_https_with_tls_files(fake_apiserver, tmp_path, session) -> None:
             assert (await r.json())["Error"].startswith("ExtenderArgs.Pod: missing")
     finally:
         await server.stop()
+
+
+def test_pod_updates_that_change_nothing_counted_skip_the_state() -> None:
+    from hami.cluster import ClusterState
+    from scheduler_extender.sync import ClusterSync
+
+    state = ClusterState()
+    sync = ClusterSync(None, state)  # type: ignore[arg-type]  # reflectors never started
+    applied: list[str] = []
+    state.upsert_pod = lambda pod: applied.append(pod["metadata"]["resourceVersion"])  # type: ignore[method-assign]
+    base = gpu_pod(
+        "p",
+        annotations={A.ASSIGNED_NODE: "node1", "hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,8000,10:;"},
+    )
+    base["metadata"].update(uid="u1", resourceVersion="1")
+    bound = {**base, "metadata": {**base["metadata"], "resourceVersion": "2",
+             "annotations": {**base["metadata"]["annotations"], A.BIND_PHASE: "allocating", A.BIND_TIME: "1"}},
+             "spec": {**base["spec"], "nodeName": "node1"}}  # fmt: skip
+    sync._pod_updated(base, bound)  # the Binding: same allocation
+    assert applied == []
+    moved = {**bound, "metadata": {**bound["metadata"], "resourceVersion": "3",
+             "annotations": {**bound["metadata"]["annotations"], "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,8000,10:;"}}}  # fmt: skip
+    sync._pod_updated(bound, moved)
+    done = {
+        **moved,
+        "metadata": {**moved["metadata"], "resourceVersion": "4"},
+        "status": {"phase": "Succeeded"},
+    }
+    sync._pod_updated(moved, done)
+    assert applied == ["3", "4"]
+    # While a write of ours is pending, every event goes through the Inflight check.
+    sync.inflight.expect("u1", {A.ASSIGNED_NODE: "node2"})
+    sync._pod_updated(done, {**done, "metadata": {**done["metadata"], "resourceVersion": "5"}})
+    assert applied == ["3", "4", "5"]

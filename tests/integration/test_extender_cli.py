@@ -109,3 +109,19 @@ def test_bad_config_refuses_to_start(fake_apiserver: FakeApiServer, tmp_path: Pa
     assert proc.returncode == 2
     assert "cannot start: nvidia.deviceSplitCount: 'zero' must be an integer" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("level", "sends", "warnings_only"), [("all", True, False), ("failures", True, True),
+                                                                ("none", False, False)])  # fmt: skip
+def test_events_flag_reaches_the_event_sink(
+    fake_apiserver: FakeApiServer, level: str, sends: bool, warnings_only: bool
+) -> None:
+    from scheduler_extender.cli import Server
+
+    server = Server(
+        parse_args(["--kubeconfig", str(fake_apiserver.kubeconfig_path), "--events", level], env={})
+    )
+    try:
+        assert (server.events._send is not None, server.events.warnings_only) == (sends, warnings_only)
+    finally:
+        server.client.close()

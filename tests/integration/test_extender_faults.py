@@ -87,16 +87,25 @@ async def test_node_disappears_between_filter_and_bind(fake_apiserver, extender,
 async def test_node_disappears_after_the_lock_was_taken(fake_apiserver, extender, session) -> None:
     api, sched = fake_apiserver, Scheduler(session, extender.url)
     pod = await filtered(api, sched, "p")
-    # The bind-phase patch is slow; meanwhile the node object goes away. The API server would accept the
-    # Binding anyway (it does not check nodes), so the extender must notice and stop.
-    api.faults.add(verb="patch", resource="pods", name="p", status=None, delay_s=0.5)
+    # The lock write is slow; meanwhile the node loses its device registration (its device plugin is
+    # gone). The lock write then conflicts (the node changed), is retried from a fresh read and succeeds.
+    # The API server would accept the Binding anyway (it does not check nodes), so the extender must
+    # notice between the lock and the Binding and stop.
+    lock_write = api.faults.add(
+        verb="patch", resource="nodes", name="node1", status=None, delay_s=0.5, times=1
+    )
     bind = asyncio.ensure_future(sched.bind(pod, "node1"))
-    await eventually(lambda: lock_of(api, "node1") is not None, what="lock taken")
-    api.store.delete("nodes", "node1")
+    await eventually(lambda: lock_write.hits == 1, what="lock write sent")
+    api.store.patch("nodes", "node1", {"metadata": {"annotations": {A.NVIDIA_REGISTER: None}}})
+    await eventually(
+        lambda: extender.state.node_unusable_reason("node1") is not None, what="unregistered seen"
+    )
     result = await bind
     assert result == {
         "Error": "binding pod default/p failed: node node1 no longer exists; the reservation was released"
     }
+    assert lock_of(api, "node1") is None
+    assert api.store.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
     assert extender.state.pod_node(pod["metadata"]["uid"]) is None
     assert api.store.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
 
@@ -196,11 +205,6 @@ async def test_filter_patch_timeout_is_retried(fake_apiserver, extender, session
             {"verb": "create", "subresource": "binding", "status": 500, "times": 10},
             "binding pod default/p to node1 failed: bind pod default/p to node node1: Internal error occurred: "
             "injected fault; the node lock was released",
-        ),
-        (
-            {"verb": "patch", "resource": "pods", "status": 500, "times": 10},
-            "binding pod default/p to node1 failed: patch pods default/p: Internal error occurred: injected "
-            "fault; the node lock was released",
         ),
         (
             {"verb": "patch", "resource": "nodes", "status": 500, "times": 10},
@@ -343,3 +347,61 @@ async def test_a_placed_pod_that_now_fits_nowhere_loses_its_stale_allocation(
     await eventually(lambda: len(extender.inflight) == 0, what="clearing event applied")
     assert extender.state.pod_node(pod["metadata"]["uid"]) is None
     assert extender.state.usage_snapshot()["node1"] == {}
+
+
+# -- --async-record: the placement write leaves the filter path, bind waits for it -----------------------
+
+
+@pytest.fixture
+async def async_extender(fake_apiserver: FakeApiServer):
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1")))
+    server = await start_extender(fake_apiserver, "--async-record")
+    await wait_ready(server)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def test_async_record_bind_waits_for_a_slow_placement_write(
+    fake_apiserver, async_extender, session
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, async_extender.url)
+    api.faults.add(verb="patch", resource="pods", name="p", status=None, delay_s=0.5, times=1)
+    pod = create_pod(api, gpu_pod("p", mem=1000, cores=10))
+    result = await sched.filter(pod, ["node1"])
+    # Answered before the write landed: the pod has no placement yet.
+    assert result["NodeNames"] == ["node1"] and result["Error"] == ""
+    assert A.ASSIGNED_NODE not in (
+        api.store.get("pods", "p", namespace="default")["metadata"].get("annotations") or {}
+    )
+    assert await sched.bind(pod, "node1") == {"Error": ""}
+    stored = api.store.get("pods", "p", namespace="default")
+    annos = stored["metadata"]["annotations"]
+    assert stored["spec"]["nodeName"] == "node1"
+    assert annos[A.ASSIGNED_NODE] == "node1" and annos[A.BIND_PHASE] == "allocating"
+    assert annos[A.NVIDIA_ALLOCATED] == "GPU-n1-0,NVIDIA,1000,10:;"
+
+
+async def test_async_record_failed_write_fails_the_bind_and_releases(
+    fake_apiserver, async_extender, session
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, async_extender.url)
+    api.faults.add(verb="patch", resource="pods", name="p", status=500, times=10)
+    pod = create_pod(api, gpu_pod("p", mem=1000, cores=10))
+    result = await sched.filter(pod, ["node1"])
+    assert result["NodeNames"] == ["node1"] and result["Error"] == ""
+    bound = await sched.bind(pod, "node1")
+    assert bound == {
+        "Error": "binding pod default/p to node1 failed: recording the placement on pod default/p failed "
+        "(patch pods default/p: Internal error occurred: injected fault); the reservation was released"
+    }
+    assert async_extender.state.pod_node(pod["metadata"]["uid"]) is None
+    assert lock_of(api, "node1") is None
+    assert api.store.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
+    # kube-scheduler retries the pod: filter and bind now succeed.
+    api.faults.clear()
+    assert (await sched.filter(api.store.get("pods", "p", namespace="default"), ["node1"]))["NodeNames"] == [
+        "node1"
+    ]
+    assert await sched.bind(pod, "node1") == {"Error": ""}

@@ -141,6 +141,61 @@ def test_bind_pod_sets_node_and_is_idempotent(fake_apiserver: FakeApiServer, kub
         kube_client.bind_pod("default", "ghost", uid=None, node="n1")
 
 
+def test_bind_pod_annotations_are_written_with_the_binding(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    pod = store.create("pods", make_pod("p", annotations={"keep": "me"}))
+    uid = pod["metadata"]["uid"]
+    before_rv, before_requests = store.resource_version, fake_apiserver.request_count
+    annos = {"hami.io/bind-phase": "allocating", "hami.io/bind-time": "1764417600"}
+    kube_client.bind_pod("default", "p", uid=uid, node="n1", annotations=annos)
+    bound = store.get("pods", "p", namespace="default")
+    # One request and one write: nodeName and the annotations appear together (setPodHostAndAnnotations).
+    assert fake_apiserver.request_count - before_requests == 1
+    assert store.resource_version == before_rv + 1
+    assert bound["metadata"]["resourceVersion"] == str(before_rv + 1)
+    assert bound["spec"]["nodeName"] == "n1"
+    assert bound["metadata"]["annotations"] == {"keep": "me", **annos}
+
+
+def test_bind_pod_retry_of_an_applied_binding_adds_missing_annotations(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    pod = store.create("pods", make_pod("p"))
+    uid = pod["metadata"]["uid"]
+    kube_client.bind_pod("default", "p", uid=uid, node="n1")  # bound by someone without annotations
+    store.patch(
+        "pods", "p", {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}}, namespace="default"
+    )
+    annos = {"hami.io/bind-phase": "allocating", "hami.io/bind-time": "1764417600"}
+    kube_client.bind_pod("default", "p", uid=uid, node="n1", annotations=annos)
+    # Only what was missing: an existing bind-phase (the device plugin's "success") is never set back.
+    assert store.get("pods", "p", namespace="default")["metadata"]["annotations"] == {
+        "hami.io/bind-phase": "success",
+        "hami.io/bind-time": "1764417600",
+    }
+
+
+def test_hot_calls_send_the_same_request_as_the_generated_client(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    # get / create / patch go straight through the urllib3 pool; the answers and errors are the same.
+    store = fake_apiserver.store
+    store.create("nodes", make_node("n1.example"))
+    assert kube_client.get_node("n1.example")["metadata"]["name"] == "n1.example"
+    assert kube_client.get_node("missing") is None
+    lease = kube_client.create_lease("kube-system", "l", {"holderIdentity": "me"})
+    assert lease["kind"] == "Lease" and lease["spec"] == {"holderIdentity": "me"}
+    assert kube_client.get_lease("kube-system", "l")["spec"] == {"holderIdentity": "me"}
+    with pytest.raises(Conflict, match='leases.coordination.k8s.io "l" already exists'):
+        kube_client.create_lease("kube-system", "l", {})
+    out = kube_client.patch("nodes", "n1.example", [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}],
+                            patch_type="json")  # fmt: skip
+    assert out["metadata"]["labels"] == {"a": "b"}
+
+
 def test_bind_pod_refuses_a_recreated_pod(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
     fake_apiserver.store.create("pods", make_pod("p"))
     with pytest.raises(Conflict, match="Precondition failed: UID in precondition: old-uid"):

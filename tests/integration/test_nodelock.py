@@ -244,3 +244,44 @@ def test_read_node_lock_decodes_the_annotation() -> None:
     assert (lock.namespace, lock.name) == ("default", "gpu-pod")
     assert lock.time == datetime(2024, 5, 10, 8, 15, 30, tzinfo=UTC)
     assert read_node_lock(make_node("n2")) is None
+
+
+# -- first attempt from a cached Node (the extender's reflector) ---------------------------------------
+
+
+def test_lock_from_a_current_cached_node_makes_one_request(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store)
+    cached = store.get("nodes", "n1")
+    before = fake_apiserver.request_count
+    lock_node(kube_client, "n1", namespace="ml", pod_name="gpu-pod", cached=cached)
+    assert fake_apiserver.request_count - before == 1  # the PATCH only, no GET
+    assert lock_value(store).endswith(",ml,gpu-pod")
+
+
+def test_lock_from_a_stale_cached_node_rereads_and_still_refuses_a_live_holder(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store, owner=make_pod("owner", "ml"))
+    stale = store.get("nodes", "n1")  # unlocked in the cache ...
+    store.patch("nodes", "n1", {"metadata": {"annotations": {NODE_LOCK: held_by("ml", "owner")}}})
+    before = fake_apiserver.request_count
+    with pytest.raises(NodeLockContention, match="node n1 is locked by ml/owner"):
+        lock_node(kube_client, "n1", namespace="ml", pod_name="gpu-pod", cached=stale)
+    # PATCH (409: stale resourceVersion), GET, GET of the owner pod: never a write over the live lock.
+    assert fake_apiserver.request_count - before == 3
+    assert lock_value(store).endswith(",ml,owner")
+
+
+def test_a_cached_lock_is_not_trusted_when_the_holder_released_it(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store, lock=held_by("ml", "owner"), owner=make_pod("owner", "ml"))
+    cached = store.get("nodes", "n1")  # ... locked in the cache, released since
+    store.patch("nodes", "n1", {"metadata": {"annotations": {NODE_LOCK: None}}})
+    lock_node(kube_client, "n1", namespace="ml", pod_name="gpu-pod", cached=cached)
+    assert lock_value(store).endswith(",ml,gpu-pod")

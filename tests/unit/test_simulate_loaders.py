@@ -74,10 +74,22 @@ def test_openb_node_unknown_model_names_file_line_column_and_the_fix(tmp_path):
     ("row", "message"),
     [
         ("a,12x,1000,1,T4", "column 2 (cpu_milli): '12x' is not an integer"),
-        ("a,1000,-5,1,T4", "column 3 (memory_mib): -5 is out of range; valid: >= 0"),
-        ("a,1000,1000,,T4", "column 4 (gpu): '' is not an integer"),
+        ("a,1000,-5,1,T4", "column 3 (memory_mib): -5 is out of range; valid: an integer from 0 to 2^50"),
+        ("a,1000,1000,,T4", "column 4 (gpu): empty; valid: 0..1024"),
         (",1000,1000,1,T4", "column 1 (sn): empty node name"),
-        ("a,1000,1000", "3 columns, the header has 5"),
+        ("a,1000,1000", "column 4 (gpu) is missing: the row has 3 columns, the header 5"),
+        ("a", "column 2 (cpu_milli) is missing: the row has 1 column, the header 5"),
+        # Above 2^50 the engine's int64 arrays would overflow (was an internal error).
+        (
+            "a,99999999999999999999999,1000,1,T4",
+            "column 2 (cpu_milli): 99999999999999999999999 is out of range; valid: an integer from 0 to 2^50",
+        ),
+        # int() takes these; a trace never holds them.
+        ("a,1_000,1000,1,T4", "column 2 (cpu_milli): '1_000' is not an integer"),
+        ("a,\u0661\u0660,1000,1,T4", "column 2 (cpu_milli): '\u0661\u0660' is not an integer"),
+        ("a,+5,1000,1,T4", "column 2 (cpu_milli): '+5' is not an integer"),
+        ("a\x00b,1,1,1,T4", "column 1 (sn): 'a\\x00b': a node name must not hold control characters"),
+        ('"a,1,1,1,T4', 'a quote (") opened on this line is not closed on it'),
     ],
 )
 def test_openb_node_malformed_rows(tmp_path, row, message):
@@ -176,6 +188,19 @@ def test_openb_pod_with_unknown_model_is_unplaceable_not_an_error(tmp_path):
             "column 9 (creation_time): 'abc' is not a number of seconds",
         ),
         ("x,1000,1000,1,500,,LS,Running,10,5,0", "column 10 (deletion_time): 5 is before creation_time 10"),
+        (
+            "x,1000,1000,1,500,,LS,Running,inf,,0",
+            "column 9 (creation_time): 'inf' is not a number of seconds",
+        ),
+        (
+            "x,1000,1000,1,500,,LS,Running,nan,,0",
+            "column 9 (creation_time): 'nan' is not a number of seconds",
+        ),
+        (
+            "x,1000,1000,1,500,,LS,Running,-1,,0",
+            "column 9 (creation_time): '-1' must be a number of seconds >= 0",
+        ),
+        ("x,1000,1000,1,500", "column 6 (gpu_spec) is missing: the row has 5 columns, the header 11"),
     ],
 )
 def test_openb_pod_malformed_rows(tmp_path, row, message):
@@ -184,6 +209,47 @@ def test_openb_pod_malformed_rows(tmp_path, row, message):
         openb.load_pods(p, config=CFG)
     assert message in str(e.value)
     assert str(e.value).startswith(f"{p}:3: ")
+
+
+def test_openb_pod_times_may_be_decimal(tmp_path):
+    p = write(tmp_path, "p.csv", POD_HEADER + "a,1,1,1,1000,,LS,Running,1.5,.5e,0\n")
+    with pytest.raises(TraceError, match=r"p.csv:2: column 10 \(deletion_time\): '.5e' is not a number"):
+        openb.load_pods(p, config=CFG)
+    p = write(tmp_path, "p.csv", POD_HEADER + "a,1,1,1,1000,,LS,Running,1.5,2.,0\n")
+    (pod,) = openb.load_pods(p, config=CFG)
+    assert (pod.creation_time, pod.deletion_time) == (1.5, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "",
+            ":1: empty file; expected a header with columns name, cpu_milli, memory_mib, num_gpu, gpu_milli",
+        ),
+        ("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n", ":2: no pod rows after the header"),
+        (
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli,cpu_milli\n",
+            ":1: column 6 (cpu_milli): duplicate column, first as column 2",
+        ),
+    ],
+)
+def test_openb_pod_file_errors(tmp_path, text, message):
+    p = write(tmp_path, "p.csv", text)
+    with pytest.raises(TraceError) as e:
+        openb.load_pods(p, config=CFG)
+    assert str(e.value) == f"{p}{message}"
+
+
+def test_openb_csv_with_bom_crlf_and_blank_lines_counts_lines_right(tmp_path):
+    p = tmp_path / "p.csv"
+    p.write_bytes(
+        b"\xef\xbb\xbfname,cpu_milli,memory_mib,num_gpu,gpu_milli\r\na,1,1,1,500\r\n\r\nb,1,1,1,500\r\n"
+    )
+    assert [x.name for x in openb.load_pods(p, config=CFG)] == ["a", "b"]
+    p.write_bytes(p.read_bytes() + b"\r\nc,1,x,1,500\r\n")
+    with pytest.raises(TraceError, match=r"p.csv:6: column 3 \(memory_mib\): 'x' is not an integer"):
+        openb.load_pods(p, config=CFG)
 
 
 def test_openb_pod_list_without_time_columns_loads(tmp_path):
