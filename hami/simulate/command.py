@@ -26,12 +26,17 @@ from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, Workload
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
 
+#: `--arrival` without the flag: the end of the FGD paper's plots.
+DEFAULT_ARRIVAL = 130.0
+
 #: Largest `--arrival`: far past the point where a cluster is full (the FGD paper stops at 130 %); a
 #: larger target only makes the run longer, and an unbounded one never ends.
 MAX_ARRIVAL = 1000.0
 
-#: Largest `--generate` sizes: a run of this size takes minutes; beyond, memory becomes the limit.
-MAX_GENERATE = (100_000, 1_000_000)
+#: Largest `--generate` sizes. A fill run grows with nodes x pods (2000 nodes: about 30 s on 2 cores,
+#: 10000 nodes: many minutes) and the pods are held in memory (about 3 KiB each), so larger sizes are
+#: refused rather than left to run for hours or to exhaust memory.
+MAX_GENERATE = (10_000, 200_000)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,9 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run_g.add_argument(
         "--arrival",
         type=float,
-        default=130.0,
+        default=None,
         metavar="PCT",
-        help="fill mode: stop when arrived GPU demand reaches PCT %% of capacity (default 130)",
+        help="fill mode only: stop when arrived GPU demand reaches PCT %% of capacity, 0 < PCT <= 1000 "
+        "(default 130)",
     )
     run_g.add_argument(
         "--seed", type=int, default=0, help="fill-mode sampling and generator seed (default 0)"
@@ -122,17 +128,18 @@ class ProgressBar:
 
 
 def _is_yaml(path: str) -> bool:
+    """By suffix, else by the first non-blank line: a CSV header is comma-separated names, while YAML
+    starts with a key, `---`, a comment or a directive, and JSON with `{` or `[`."""
     if path.lower().endswith(YAML_SUFFIXES):
         return True
     if path.lower().endswith(".csv"):
         return False
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            head = f.readline()
+        with open(path, encoding="utf-8-sig", errors="replace") as f:
+            head = next((line.strip() for line in f if line.strip()), "")
     except OSError:
         return False
-    # A CSV header is one comma-separated line; YAML starts with a key, '---' or a comment.
-    return ":" in head or head.startswith(("---", "#", "{"))
+    return ":" in head or head.startswith(("---", "#", "%", "{", "["))
 
 
 def _policies(args: argparse.Namespace, config: DeviceConfig) -> tuple[list[Policy], bool]:
@@ -293,6 +300,11 @@ def _check_workload(workload: Workload, mode: Mode) -> None:
             f"{workload.nodes_source}: the cluster has no GPU: no node has a card (openb: the gpu column; "
             "YAML: the hami.io/node-nvidia-register annotation)"
         )
+    if not any(c.devcore > 0 for n in workload.nodes for c in n.cards):
+        raise InvalidRequest(
+            f"{workload.nodes_source}: every card registers devcore 0, so the cluster's GPU capacity "
+            "(counted in cores) is 0"
+        )
     if mode is Mode.FILL and not any(p.is_gpu for p in workload.pods):
         raise InvalidRequest(
             f"{workload.pods_source}: fill mode needs at least one GPU pod; every pod is CPU-only"
@@ -318,9 +330,14 @@ def run_simulate(
     config = _load_config(args.config)
     policies, compare = _policies(args, config)
     mode = Mode(args.mode)
-    if mode is Mode.FILL and not (math.isfinite(args.arrival) and 0 < args.arrival <= MAX_ARRIVAL):
+    if mode is Mode.TRACE and args.arrival is not None:
         raise InvalidRequest(
-            f"--arrival: {args.arrival:g} is not a valid fill target; valid: a percent of the cluster's GPU "
+            "--arrival: only for --mode fill; a trace replays every arrival and deletion at its own time"
+        )
+    arrival = DEFAULT_ARRIVAL if args.arrival is None else args.arrival
+    if mode is Mode.FILL and not (math.isfinite(arrival) and 0 < arrival <= MAX_ARRIVAL):
+        raise InvalidRequest(
+            f"--arrival: {arrival:g} is not a valid fill target; valid: a percent of the cluster's GPU "
             f"capacity above 0 and at most {MAX_ARRIVAL:g} (e.g. 130)"
         )
     _check_outputs(args)
@@ -337,7 +354,7 @@ def run_simulate(
                     config=config,
                     policy=policy,
                     mode=mode,
-                    arrival=args.arrival,
+                    arrival=arrival,
                     seed=args.seed,
                     placements=args.placements is not None,
                     annotations=args.annotations is not None,

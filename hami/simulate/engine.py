@@ -495,6 +495,9 @@ def run(
     """
     if not any(n.cards for n in workload.nodes):
         raise InvalidRequest("the cluster has no GPU: nothing to simulate (check the nodes file)")
+    if not any(c.devcore > 0 for n in workload.nodes for c in n.cards):
+        # Capacity (and every arrival in percent of it) is counted in cores.
+        raise InvalidRequest("every card registers devcore 0: the cluster's GPU capacity is 0")
     cfg = _config_for(config, policy)
     result = RunResult(
         policy=policy,
@@ -525,11 +528,17 @@ def run(
         target = arrival / 100 * replay.capacity
         drawn: Counter[str] = Counter()
         pool = workload.pods
+        # A second draw of `a` is `a-2`, unless the input has its own `a-2`: then `a~2`, so that every
+        # row of the outputs names one pod.
+        given = {p.name for p in pool}
         seq = 0
         while replay.arrived < target:
             pod = pool[rng.randrange(len(pool))]
             drawn[pod.name] += 1
-            name = pod.name if drawn[pod.name] == 1 else f"{pod.name}-{drawn[pod.name]}"
+            k = drawn[pod.name]
+            name = pod.name
+            if k > 1:
+                name = f"{pod.name}-{k}" if f"{pod.name}-{k}" not in given else f"{pod.name}~{k}"
             replay.stamp = float(seq)
             replay.submit(pod, f"sim-{seq}", name)
             seq += 1
@@ -549,6 +558,10 @@ def run(
         heapq.heapify(events)
         total = len(events)
         every = max(1, total // 500)
+        # The plot's curve: per bucket of `every` events, its lowest and its highest point in time order
+        # (the envelope: a peak between two samples is not lost), plus the very first event (the curve
+        # starts where the trace does, however sparse its beginning).
+        low = high = None
         for done in range(1, total + 1):
             replay.now, kind, k = heapq.heappop(events)
             replay.stamp = replay.now
@@ -558,8 +571,22 @@ def run(
             else:
                 replay.delete(f"sim-{k}")
             replay.sample()
-            if done % every == 0 or done == total:
-                g, m = replay.usage.ratios()
+            g, m = replay.usage.ratios()
+            if done == 1:
+                result.curve.append(Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now))
+            elif low is None or g < low.gpu_allocation_ratio or g > high.gpu_allocation_ratio:
+                point = Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now)
+                if low is None:
+                    low = high = point
+                elif g < low.gpu_allocation_ratio:
+                    low = point
+                else:
+                    high = point
+            if (done % every == 0 or done == total) and low is not None:
+                result.curve.extend(sorted({id(p): p for p in (low, high)}.values(), key=lambda p: p.time))
+                low = high = None
+            last = result.curve[-1]
+            if done == total and (last.time, last.gpu_allocation_ratio) != (replay.now, g):
                 result.curve.append(Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now))
             if progress is not None and done % 32 == 0:
                 progress(done / total)

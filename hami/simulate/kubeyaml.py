@@ -47,7 +47,8 @@ def _documents(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
-        raise TraceError(source, line, f"invalid YAML: {getattr(e, 'problem', None) or e}") from None
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise TraceError(source, line, f"invalid YAML: {problem}") from None
     for node in nodes:
         if node is None:
             continue
@@ -112,9 +113,8 @@ def _string_map(value: Any, *, source: str, line: int, field: str) -> dict[str, 
         raise TraceError(source, line, f"{field} must be a mapping of strings to strings")
     for k, v in value.items():
         if not isinstance(k, str) or not isinstance(v, str):
-            raise TraceError(
-                source, line, f'{field}[{k}]: {v!r} must be a string (quote it in YAML, e.g. "{v}")'
-            )
+            hint = f' (quote it in YAML, e.g. "{v}")' if isinstance(v, (int, float, bool)) else ""
+            raise TraceError(source, line, f"{field}[{k}]: {v!r} must be a string{hint}")
     return value
 
 
@@ -158,7 +158,8 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
     CPU/memory/pods from `status.allocatable`, else `status.capacity`, else unlimited / 110 pods.
 
     Raises TraceError naming file, line, node and field for a malformed registration or quantity, a
-    duplicate node, or a file without any Node.
+    non-string annotation or label, a `status` that is not a mapping, a duplicate node, bad YAML, or a
+    file without any Node. CPU/memory above 2^50 millicores/MiB are capped there (they fit anything).
     """
     source = str(path)
     vendors = build_vendors(config)
@@ -182,9 +183,12 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
                 ) from None
             cards.extend(found or [])
         status = obj.get("status") or {}
-        alloc = status.get("allocatable") or status.get("capacity") or {}
+        if not isinstance(status, dict):
+            raise TraceError(source, line, f"Node {name}: status must be a mapping (allocatable, capacity)")
+        part = "allocatable" if status.get("allocatable") else "capacity"
+        alloc = status.get(part) or {}
         if not isinstance(alloc, dict):
-            raise TraceError(source, line, f"Node {name}: status.allocatable must be a mapping")
+            raise TraceError(source, line, f"Node {name}: status.{part} must be a mapping of quantities")
         cpu = mem = UNLIMITED
         pods = DEFAULT_MAX_PODS
         where = f"Node {name}: allocatable"
@@ -249,7 +253,9 @@ def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
     CPU/memory = max(sum of app containers, largest init container) of requests (limits when requests
     are absent). GPU demand (cards, for the fill mode) per device-using container: cards x gpucores/100,
     else x gpumem-percentage/100, else whole cards. Raises TraceError naming file, line, pod, container
-    and field for invalid quantities, a duplicate pod, or a file without any Pod.
+    and field for invalid quantities (or CPU/memory above 2^50 millicores/MiB), `resources` not shaped as
+    mappings of quantities, non-string annotations or labels, bad times, a duplicate pod, bad YAML, or a
+    file without any Pod. Times without a UTC offset are UTC.
     """
     source = str(path)
     vendors = build_vendors(config)

@@ -147,8 +147,10 @@ def load_nodes(
     """Read `sn,cpu_milli,memory_mib,gpu,model` rows into nodes (cards registered as `NVIDIA-<model>`).
 
     A node with ``gpu == 0`` is a CPU-only node (no registration annotation). Raises TraceError for a
-    missing column, a non-integer or negative number, a duplicate `sn`, or a GPU node whose `model` is
-    not in `gpu_models` (the message lists the known models and the `--gpu-models` flag).
+    missing column, a number that is not plain ASCII digits or is out of range (CPU/memory 0..2^50, `gpu`
+    0..1024), a duplicate or unprintable `sn`, or a GPU node whose `model` is not in `gpu_models` (the
+    message lists the known models and the `--gpu-models` flag). Also for the file itself: unreadable,
+    not UTF-8, empty, header only, a column named twice, an unclosed quote.
     """
     rows = _Rows(path, NODE_COLUMNS)
     nodes: list[SimNode] = []
@@ -188,8 +190,8 @@ def load_pods(
     """Read openb pod rows (`name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...,creation_time,
     deletion_time]`) into pods with HAMi requests (mapping in `hami.simulate.workload.openb_pod`).
 
-    Raises TraceError for: a missing required column; a non-integer or negative number; `num_gpu` above
-    64; `gpu_milli` outside 0..1000, non-zero on a CPU-only row or zero on a GPU row; a duplicate name;
+    Raises TraceError for: a missing required column; a number that is not plain ASCII digits or is out
+    of range (CPU/memory 0..2^50, times finite decimals >= 0); `num_gpu` above 64; `gpu_milli` outside 0..1000, non-zero on a CPU-only row or zero on a GPU row; a duplicate name;
     `deletion_time` before `creation_time`. An unknown model in `gpu_spec` is NOT an error: that pod is
     unplaceable with the reason.
     """

@@ -22,6 +22,14 @@ from hami.simulate.engine import Mode, RunResult  # noqa: E402
 ALLOCATION_PNG = "allocation_vs_arrival.png"
 MODELS_PNG = "model_utilisation.png"
 
+#: Line style per policy: policies often pack alike for a while, and a line drawn on top of another
+#: must not hide it, so each is thinner than the one before and dashed differently.
+LINE_STYLES = ("-", "--", "-.", ":")
+
+
+def _line_style(k: int) -> dict[str, object]:
+    return {"linestyle": LINE_STYLES[k % len(LINE_STYLES)], "linewidth": max(1.0, 2.8 - 0.6 * k)}
+
 
 def allocation_plot(results: Sequence[RunResult], path: str | Path) -> None:
     """Allocation curves (one per policy) into `path`: against arrived demand in fill mode (with the
@@ -29,17 +37,19 @@ def allocation_plot(results: Sequence[RunResult], path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     fill = not results or results[0].mode is Mode.FILL
     top = 100.0 if fill else 0.0
-    for r in results:
+    for k, r in enumerate(results):
         if fill:
             xs = [0.0] + [c.arrival for c in r.curve]
             ys = [0.0] + [c.gpu_allocation_ratio * 100 for c in r.curve]
+            ax.plot(xs, ys, label=r.policy.label, **_line_style(k))
         else:
             xs = [(c.time or 0.0) / 3600 for c in r.curve]
             ys = [c.gpu_allocation_ratio * 100 for c in r.curve]
+            # Allocation holds between events: a step, not a slope from one sample to the next.
+            ax.plot(xs, ys, label=r.policy.label, drawstyle="steps-post", **_line_style(k))
         top = max(top, xs[-1] if xs else 0.0)
-        ax.plot(xs, ys, label=r.policy.label, linewidth=1.6)
     if fill:
-        ax.plot([0, 100, top], [0, 100, 100], linestyle="--", color="grey", linewidth=1, label="ideal")
+        ax.plot([0, 100, top], [0, 100, 100], linestyle=":", color="grey", linewidth=1, label="ideal")
         ax.set_xlabel("arrived GPU demand (% of cluster GPU capacity)")
         ax.set_title("GPU allocation vs arrivals (fill mode)")
         ax.set_ylim(0, 105)

@@ -175,13 +175,39 @@ def test_yaml_input(tmp_path):
     [
         (
             ["--policy", "fastest"],
-            "hami: error: policy 'fastest' is not a policy; valid: binpack, spread, numa",
+            "hami: error: --policy: 'fastest' is not a policy; valid: binpack, spread, numa",
+        ),
+        (["--policy", ""], "hami: error: --policy: empty value; e.g. --policy binpack\n"),
+        (
+            ["--node-policy", "numa"],
+            "hami: error: --node-policy: 'numa' is not a node policy; valid: binpack, spread\n",
         ),
         (
-            ["--compare", "binpack", "--policy", "spread"],
-            "hami: error: --compare: give the policies in the list",
+            ["--card-policy", "fast"],
+            "hami: error: --card-policy: 'fast' is not a card policy; valid: binpack, spread, numa, mutex, "
+            "topology-aware or a comma chain of them such as numa,binpack\n",
         ),
-        (["--arrival", "0"], "hami: error: --arrival: 0 must be a percent > 0 (e.g. 130)"),
+        (["--compare", "binpack,fast"], "hami: error: --compare: 'fast' is not a policy; valid:"),
+        (
+            ["--compare", "binpack", "--policy", "spread"],
+            "hami: error: --compare: give the policies in the list, not also --policy\n",
+        ),
+        *(
+            (
+                ["--arrival", bad],
+                f"hami: error: --arrival: {shown} is not a valid fill target; valid: a percent of the "
+                "cluster's GPU capacity above 0 and at most 1000 (e.g. 130)\n",
+            )
+            # inf never ended; 1e9 would run for days.
+            for bad, shown in (("0", "0"), ("-5", "-5"), ("nan", "nan"), ("inf", "inf"), ("1e9", "1e+09"))
+        ),
+        (
+            ["--mode", "trace", "--arrival", "50"],
+            "hami: error: --arrival: only for --mode fill; a trace replays every arrival and deletion at "
+            "its own time\n",
+        ),
+        (["--generate", "1000000,5"], "hami: error: --generate: '1000000,5' must be NODES,PODS with NODES"),
+        (["--nodes", ""], "hami: error: --nodes: empty file name\n"),
         (["--mode", "replay"], "hami simulate: argument --mode: invalid choice: 'replay'"),
         (["--seed", "x"], "hami simulate: argument --seed: invalid int value: 'x'"),
         (
@@ -219,8 +245,62 @@ def test_trace_mode_without_times_is_an_error(tmp_path):
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1000,1,500\n")
     p = hami("simulate", "--pods", str(pods), "--mode", "trace", "--generate", "4,10")
     assert p.returncode == 2
-    assert p.stderr.startswith(
-        "hami: error: --mode trace needs a creation time for every pod; 1 pods have none (first: a)"
+    assert p.stderr == (
+        f"hami: error: {pods}: --mode trace needs a creation time for every pod; 1 of 1 pods have none "
+        "(first: a); use --mode fill for pod lists without times\n"
+    )
+
+
+def test_output_paths_are_checked_before_the_replay(tmp_path, capsys):
+    # Before, a directory given as --placements or a file given as --report failed only after the
+    # whole replay, with "pods.csv: File exists".
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    cases = [
+        (
+            ["--placements", str(tmp_path)],
+            f"--placements: '{tmp_path}' is a directory; give a file name such as out/placements.csv",
+        ),
+        (
+            ["--annotations", str(tmp_path)],
+            f"--annotations: '{tmp_path}' is a directory; give a file name such as out/annotations.jsonl",
+        ),
+        (["--report", str(a_file)], f"--report: '{a_file}' is a file; give a directory (created if missing)"),
+        (
+            ["--report", str(a_file / "sub")],
+            f"--report: cannot create directory {a_file / 'sub'}: Not a directory",
+        ),
+    ]
+    for args, message in cases:
+        assert main(["simulate", *SMALL, *args]) == 2
+        out = capsys.readouterr()
+        assert (out.out, out.err) == ("", f"hami: error: {message}\n")
+
+
+def test_inputs_that_cannot_be_replayed_name_their_file(tmp_path, capsys):
+    nodes = tmp_path / "n.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\ncpu,1000,1000,0,\n")
+    assert main(["simulate", "--no-progress", "--nodes", str(nodes)]) == 2
+    assert capsys.readouterr().err == (
+        f"hami: error: {nodes}: the cluster has no GPU: no node has a card (openb: the gpu column; "
+        "YAML: the hami.io/node-nvidia-register annotation)\n"
+    )
+    # A registration without "devcore" decodes as 0 cores; the capacity was 0 and the replay divided by it.
+    coreless = tmp_path / "n.yaml"
+    coreless.write_text(
+        "kind: Node\nmetadata:\n  name: a\n  annotations:\n    hami.io/node-nvidia-register: "
+        '\'[{"id":"GPU-0","count":10,"devmem":15360,"type":"NVIDIA-T4","health":true}]\'\n'
+    )
+    assert main(["simulate", "--no-progress", "--nodes", str(coreless), "--mode", "trace"]) == 2
+    assert capsys.readouterr().err == (
+        f"hami: error: {coreless}: every card registers devcore 0, so the cluster's GPU capacity (counted "
+        "in cores) is 0\n"
+    )
+    pods = tmp_path / "p.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1000,0,0\n")
+    assert main(["simulate", *SMALL, "--pods", str(pods)]) == 2
+    assert capsys.readouterr().err == (
+        f"hami: error: {pods}: fill mode needs at least one GPU pod; every pod is CPU-only\n"
     )
 
 
@@ -235,6 +315,57 @@ def test_no_subcommand_prints_help_and_exits_2(capsys):
 needs_trace = pytest.mark.skipif(not NODES_CSV.exists(), reason="Alibaba openb trace not present")
 
 
+OPENB_MIB = {
+    "P100": 16384,
+    "T4": 15360,
+    "V100M16": 16384,
+    "V100M32": 32768,
+    "A10": 24576,
+    "G2": 32768,
+    "G3": 81920,
+}
+
+
+def check_openb_placements(placements: Path, pods_csv: Path) -> dict[str, int]:
+    """Issue 2's Done-when on a placements file of a fill run: no card over its memory, cores or split
+    count; no pod on a model outside its gpu_spec; distinct cards for every multi-card container;
+    every card grant as the openb mapping says. Returns counts for the caller to check coverage."""
+    rows = {}
+    with pods_csv.open() as f:
+        for row in csv.DictReader(f):
+            rows[row["name"]] = row
+    used = defaultdict(lambda: [0, 0, 0])
+    per_container = defaultdict(list)
+    constrained = 0
+    for r in csv.DictReader(placements.open()):
+        if not r["card_uuid"]:
+            continue
+        model = r["card_model"].removeprefix("NVIDIA-")
+        u = used[(r["card_uuid"], model)]
+        u[0] += 1
+        u[1] += int(r["mem_mib"])
+        u[2] += int(r["cores"])
+        per_container[(r["policy"], r["pod"], r["container"])].append(r["card_uuid"])
+        src = rows["-".join(r["pod"].split("-")[:3])]  # openb-pod-0001-2 is the 2nd draw of openb-pod-0001
+        allowed = [m for m in (src.get("gpu_spec") or "").split("|") if m]
+        if allowed:
+            constrained += 1
+            assert model in allowed, r
+        milli = int(src["gpu_milli"])
+        share = 100 if milli == 1000 else -(-milli // 10)
+        assert (int(r["cores"]), int(r["mem_mib"])) == (share, OPENB_MIB[model] * share // 100), r
+        assert len(per_container[(r["policy"], r["pod"], r["container"])]) <= int(src["num_gpu"])
+    for (_, model), (slots, mem, cores) in used.items():
+        assert slots <= 10 and mem <= OPENB_MIB[model] and cores <= 100
+    assert all(len(v) == len(set(v)) for v in per_container.values())
+    return {
+        "cards": len(used),
+        "full_cards": sum(1 for u in used.values() if u[2] == 100),
+        "multi_card_containers": sum(1 for v in per_container.values() if len(v) > 1),
+        "constrained": constrained,
+    }
+
+
 @needs_trace
 def test_openb_trace_placements_respect_every_card_limit(tmp_path):
     out = tmp_path / "p.csv"
@@ -246,39 +377,31 @@ def test_openb_trace_placements_respect_every_card_limit(tmp_path):
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     assert (j["nodes"], j["gpus"]) == (1213, 6212)
-    spec = {}
-    with pods.open() as f:
-        for row in csv.DictReader(f):
-            spec[row["name"]] = [m for m in row["gpu_spec"].split("|") if m]
-    mem = {
-        "P100": 16384,
-        "T4": 15360,
-        "V100M16": 16384,
-        "V100M32": 32768,
-        "A10": 24576,
-        "G2": 32768,
-        "G3": 81920,
-    }
-    used = defaultdict(lambda: [0, 0, 0])
-    per_container = defaultdict(list)
-    constrained = 0
-    for r in csv.DictReader(out.open()):
-        if not r["card_uuid"]:
-            continue
-        u = used[(r["card_uuid"], r["card_model"])]
-        u[0] += 1
-        u[1] += int(r["mem_mib"])
-        u[2] += int(r["cores"])
-        per_container[(r["pod"], r["container"])].append(r["card_uuid"])
-        allowed = spec["-".join(r["pod"].split("-")[:3])]
-        if allowed:
-            constrained += 1
-            assert r["card_model"].removeprefix("NVIDIA-") in allowed, r
-    assert constrained > 0
-    for (_, model), (slots, m, cores) in used.items():
-        assert slots <= 10 and m <= mem[model.removeprefix("NVIDIA-")] and cores <= 100
-    assert all(len(v) == len(set(v)) for v in per_container.values())
-    assert any(len(v) > 1 for v in per_container.values())
+    seen = check_openb_placements(out, pods)
+    assert seen["constrained"] > 0 and seen["multi_card_containers"] > 0 and seen["full_cards"] > 0
+
+
+@needs_trace
+def test_issue_done_when_command_at_130_percent(tmp_path, capsys):
+    # The exact command of issue 2's "Done when" (about 5 s): the cluster is full at the end, so every
+    # limit is under pressure.
+    out = tmp_path / "p.csv"
+    pods = TRACE / "openb_pod_list_default.csv"
+    argv = ["simulate", "--nodes", str(NODES_CSV), "--pods", str(pods), "--mode", "fill", "--arrival", "130"]
+    assert main([*argv, "--policy", "binpack", "--json", "--placements", str(out)]) == 0
+    j = json.loads(capsys.readouterr().out)
+    assert (j["nodes"], j["gpus"], j["pods"], j["mode"], j["policy"]) == (
+        1213,
+        6212,
+        10612,
+        "fill",
+        "binpack",
+    )
+    assert j["scheduled"] + j["failed"] == j["pods"] and j["failed_gpu_pods"] > 0
+    assert [c["arrival"] for c in j["allocation_at_arrival"]] == [10.0 * k for k in range(1, 14)]
+    assert 0.8 < j["gpu_allocation_ratio"] <= 1 and j["first_failure_arrival"] is not None
+    seen = check_openb_placements(out, pods)
+    assert seen["full_cards"] > 4000 and seen["multi_card_containers"] > 0
 
 
 def test_device_config_sets_default_policies_and_split_count(tmp_path, capsys):
@@ -293,5 +416,34 @@ def test_device_config_sets_default_policies_and_split_count(tmp_path, capsys):
     assert main(["simulate", *SMALL, "--config", str(cfg)]) == 2
     assert (
         capsys.readouterr().err
-        == "hami: error: nvidia.deviceSplitCount: 0 is invalid; valid: an integer >= 1\n"
+        == f"hami: error: --config {cfg}: nvidia.deviceSplitCount: 0 is invalid; valid: an integer >= 1\n"
     )
+    # A YAML syntax error is one line too, with the line (PyYAML's own message spans five).
+    cfg.write_text("nvidia: [1\n")
+    assert main(["simulate", *SMALL, "--config", str(cfg)]) == 2
+    assert capsys.readouterr().err == (
+        f"hami: error: --config {cfg}:2: invalid YAML: expected ',' or ']', but got '<stream end>'\n"
+    )
+
+
+def test_input_format_is_chosen_by_suffix_else_by_the_first_non_blank_line(tmp_path):
+    from hami.simulate.command import _is_yaml
+
+    cases = {
+        "a.csv": "kind: Pod\n",  # the suffix wins
+        "b.yml": "name,cpu_milli\n",
+        "c": "\n\n  \nkind: Pod\n",  # was read as a CSV whose header is the blank first line
+        "d": "\ufeff---\nkind: Pod\n",
+        "e": '[{"kind": "Pod"}]\n',
+        "f": "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert {n: _is_yaml(str(tmp_path / n)) for n in cases} == {
+        "a.csv": False,
+        "b.yml": True,
+        "c": True,
+        "d": True,
+        "e": True,
+        "f": False,
+    }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 
@@ -190,6 +191,35 @@ def test_trace_deletion_frees_the_card_through_the_core():
     assert r.first_failure_arrival == pytest.approx(200.0)
 
 
+def test_fill_names_every_draw_apart_from_the_input_pods():
+    w = Workload([node("n1", gpus=8)], [pod("a", milli=100), pod("a-2", milli=100)])
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=100, seed=1, placements=True)
+    names = [p.pod for p in r.placements]
+    assert len(names) == len(set(names)) == r.pods > 60
+    assert "a~2" in names and "a-2-2" in names
+
+
+def test_trace_curve_starts_at_the_first_event_and_keeps_every_peak():
+    # 1 early pod, then a burst of 1200 short pods (over 500 events: the curve is sampled per bucket)
+    # where one moment holds 4 whole cards; the curve must show the early pod and that moment.
+    pods = [pod("early", milli=1000, created=0, deleted=100_000)]
+    for i in range(600):
+        t = 50_000 + 10 * i
+        pods.append(pod(f"b{i}", milli=500, created=t, deleted=t + 5))
+    pods += [pod(f"peak{i}", milli=1000, created=60_003, deleted=60_004) for i in range(3)]
+    w = Workload([node("n1", gpus=8)], pods)
+    r = run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE)
+    first, last = r.curve[0], r.curve[-1]
+    assert (first.time, first.gpu_allocation_ratio) == (0.0, 1 / 8)
+    assert (last.time, last.gpu_allocation_ratio) == (100_000.0, 0.0)
+    assert max(c.gpu_allocation_ratio for c in r.curve) == r.peak_gpu_allocation_ratio == 4 / 8
+    assert r.peak_time == 60_003.0
+    times = [c.time for c in r.curve]
+    events = 2 * len(pods)
+    buckets = -(-events // (events // 500))
+    assert times == sorted(times) and len(r.curve) <= 2 * buckets + 2
+
+
 def test_trace_mode_needs_creation_times():
     w = Workload([node("n1")], [pod("a")])
     with pytest.raises(
@@ -198,6 +228,11 @@ def test_trace_mode_needs_creation_times():
         run(w, config=CFG, policy=BINPACK, mode=Mode.TRACE)
     with pytest.raises(InvalidRequest, match="no GPU"):
         run(Workload([node("c", gpus=0)], [pod("a")]), config=CFG, policy=BINPACK)
+    coreless = DeviceConfig(nvidia=replace(CFG.nvidia, deviceCoreScaling=0.001))
+    n = gpu_node("z", cpu_milli=1, memory_mib=1, gpus=1, model="T4", card_mib=15360, config=coreless)
+    assert n.cards[0].devcore == 0
+    with pytest.raises(InvalidRequest, match="^every card registers devcore 0"):
+        run(Workload([n], [pod("a", created=0)]), config=CFG, policy=BINPACK, mode=Mode.TRACE)
     with pytest.raises(InvalidRequest, match="at least one GPU pod"):
         run(Workload([node("n1")], [pod("c", num_gpu=0, milli=0)]), config=CFG, policy=BINPACK)
 
@@ -255,11 +290,15 @@ def test_parse_policy():
     assert parse_policy("binpack/spread").label == "binpack/spread"
     assert parse_policy("spread/numa+binpack").label == "spread/numa+binpack"
     assert parse_policy("spread").label == "spread"
+    # Empty links of a chain are dropped, so the label stays readable.
+    assert parse_policy("binpack/numa++binpack") == Policy("binpack", "numa,binpack")
     for bad in ("fastest", "numa/binpack", "binpack/", "binpack/fast"):
         with pytest.raises(
-            InvalidRequest, match=f"policy '{bad}' is not a policy; valid: binpack, spread, numa"
+            InvalidRequest, match=f"^--policy: '{bad}' is not a policy; valid: binpack, spread, numa"
         ):
             parse_policy(bad)
+    with pytest.raises(InvalidRequest, match="^--compare: 'x' is not a policy"):
+        parse_policy("x", flag="--compare")
 
 
 def test_summarise_failure():

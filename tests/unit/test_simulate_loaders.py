@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -379,3 +380,104 @@ def test_generated_default_is_seeded_and_heterogeneous():
     assert all(p.creation_time is not None and p.deletion_time > p.creation_time for p in a.pods)
     c = generate_default(config=CFG, seed=4, nodes=40, pods=300)
     assert [p.obj for p in c.pods] != [p.obj for p in a.pods]
+
+
+# Each of these was an internal error (a traceback behind "hami: internal error") or a silent
+# misreading before; now one line naming file, line and field.
+POD_TMPL = "kind: Pod\nmetadata: {name: p%s}\nspec: {containers: [{name: c, resources: %s}]}\n"
+
+
+@pytest.mark.parametrize(
+    ("meta", "resources", "message"),
+    [
+        ("", "[1]", "Pod p: container c: resources must be a mapping (limits, requests)"),
+        ("", "{limits: [1]}", "Pod p: container c: resources.limits must be a mapping of quantities"),
+        (
+            "",
+            "{limits: {nvidia.com/gpu: true}}",
+            "Pod p: container c: resources.limits[nvidia.com/gpu]: True must be a quantity such as 2 or 8Gi",
+        ),
+        (
+            "",
+            "{requests: {cpu: '1e30'}}",
+            "Pod p: container c: requests.cpu: '1e30' is larger than 2^50 millicores",
+        ),
+        (
+            ", annotations: {nvidia.com/use-gputype: 5}",
+            "{limits: {nvidia.com/gpu: 1}}",
+            'Pod p: metadata.annotations[nvidia.com/use-gputype]: 5 must be a string (quote it in YAML, e.g. "5")',
+        ),
+        (", namespace: 7", "{}", "Pod p: metadata.namespace must be a non-empty string"),
+        (", labels: [a]", "{}", "Pod p: metadata.labels must be a mapping of strings to strings"),
+    ],
+)
+def test_yaml_pod_shape_errors(tmp_path, meta, resources, message):
+    p = write(tmp_path, "p.yaml", POD_TMPL % (meta, resources))
+    with pytest.raises(TraceError) as e:
+        kubeyaml.load_pods(p, config=CFG)
+    assert str(e.value) == f"{p}:1: {message}"
+
+
+def test_yaml_node_shape_errors(tmp_path):
+    p = write(
+        tmp_path,
+        "n.yaml",
+        "kind: Node\nmetadata: {name: a, annotations: {hami.io/node-nvidia-register: 5}}\n",
+    )
+    with pytest.raises(TraceError) as e:
+        kubeyaml.load_nodes(p, config=CFG)
+    assert str(e.value) == (
+        f"{p}:1: Node a: metadata.annotations[hami.io/node-nvidia-register]: 5 must be a string "
+        '(quote it in YAML, e.g. "5")'
+    )
+    # Found by a structural fuzz: a scalar or a list where a mapping belongs was an AttributeError.
+    for status, message in (
+        ("x", "status must be a mapping (allocatable, capacity)"),
+        ("{capacity: [1]}", "status.capacity must be a mapping of quantities"),
+        ("{allocatable: 5}", "status.allocatable must be a mapping of quantities"),
+    ):
+        p = write(tmp_path, "s.yaml", f"kind: Node\nmetadata: {{name: a}}\nstatus: {status}\n")
+        with pytest.raises(TraceError) as e:
+            kubeyaml.load_nodes(p, config=CFG)
+        assert str(e.value) == f"{p}:1: Node a: {message}"
+    # A tag the safe loader refuses: one line with the line number, not PyYAML's five-line text.
+    p = write(tmp_path, "u.yaml", "kind: Node\nmetadata: !!python/object:os.system {name: a}\n")
+    with pytest.raises(TraceError) as e:
+        kubeyaml.load_nodes(p, config=CFG)
+    assert str(e.value) == (
+        f"{p}:2: invalid YAML: could not determine a constructor for the tag "
+        "'tag:yaml.org,2002:python/object:os.system'"
+    )
+
+
+def test_yaml_node_with_huge_allocatable_fits_anything_without_overflow(tmp_path):
+    p = write(
+        tmp_path,
+        "n.yaml",
+        "kind: Node\nmetadata: {name: a}\nstatus: {allocatable: {cpu: '1e20', memory: 1e25}}\n",
+    )
+    (node,) = kubeyaml.load_nodes(p, config=CFG)
+    assert (node.cpu_milli, node.memory_mib) == (kubeyaml.UNLIMITED, kubeyaml.UNLIMITED)
+
+
+@pytest.fixture
+def tokyo_local_time(monkeypatch):
+    """This machine's local time is not UTC (a naive time read as local time would be 9 h off)."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_yaml_times_without_an_offset_are_utc(tmp_path, tokyo_local_time):
+    text = (
+        "kind: Pod\nmetadata: {name: a, creationTimestamp: '2024-01-01T00:00:00Z'}\nspec: {containers: [{name: c}]}\n"
+        "---\nkind: Pod\nmetadata: {name: b, creationTimestamp: '2024-01-01T01:00:00'}\n"
+        "spec: {containers: [{name: c}]}\n"
+        "---\nkind: Pod\nmetadata: {name: c, creationTimestamp: 2024-01-02}\nspec: {containers: [{name: c}]}\n"
+        "---\nkind: Pod\nmetadata: {name: d, creationTimestamp: 2024-01-01T02:00:00+01:00}\n"
+        "spec: {containers: [{name: c}]}\n"
+    )
+    pods = kubeyaml.load_pods(write(tmp_path, "p.yaml", text), config=CFG)
+    assert [x.creation_time for x in pods] == [0.0, 3600.0, 86400.0, 3600.0]
