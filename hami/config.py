@@ -245,15 +245,25 @@ def load_config(data: Mapping[str, Any] | None) -> DeviceConfig:
 
 
 def load_config_file(path: str | Path | None) -> DeviceConfig:
-    """Read a device-config YAML file (None = defaults). Raises ConfigError naming the file on bad YAML."""
+    """Read a device-config YAML file (None = defaults).
+
+    Raises ConfigError whose one-line message starts with the file name: unreadable file, invalid YAML
+    (with its line and column), or an invalid value (naming the key).
+    """
     if path is None:
         return load_config(None)
     try:
         text = Path(path).read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read device config: {e.strerror}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read device config: {getattr(e, 'strerror', None) or e}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from None
-    return load_config(data)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    try:
+        return load_config(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -229,7 +229,9 @@ def _load_config(path: str | None) -> DeviceConfig:
         return load_config_file(path)
     except ConfigError as e:
         text = " ".join(str(e).split())
-        raise InvalidRequest(text if text.startswith(f"{path}:") else f"--config {path}: {text}") from None
+        raise InvalidRequest(
+            f"--config {text}" if text.startswith(f"{path}:") else f"--config {path}: {text}"
+        ) from None
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

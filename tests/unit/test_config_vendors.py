@@ -205,3 +205,15 @@ def test_mutate_zero_gpus_is_not_a_device_container():
     r = NV.mutate_container(c, pod={"spec": {}})
     assert r.uses_device is False
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "0", "nvidia.com/gpumem": "1000"}
+
+
+def test_config_file_errors_are_one_line_naming_file_and_position(tmp_path):
+    f = tmp_path / "device-config.yaml"
+    f.write_text("nvidia:\n  deviceSplitCount: [1,\n")
+    with pytest.raises(ConfigError) as e:
+        load_config_file(f)
+    msg = str(e.value)
+    assert msg.startswith(f"{f}: invalid YAML at line ") and "\n" not in msg
+    f.write_text("nvidia:\n  deviceSplitCount: 0\n")
+    with pytest.raises(ConfigError, match=r"device-config.yaml: nvidia.deviceSplitCount: 0 is invalid"):
+        load_config_file(f)
