@@ -36,6 +36,7 @@ from hami.errors import HamiError, InvalidRequest
 from hami.kube import KubeClient
 from scheduler_extender.app import make_app
 from scheduler_extender.events import EVENT_LEVELS, EventSink
+from scheduler_extender.gctune import GcFreezer
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.runtime import Runtime
 from scheduler_extender.service import Extender, Settings
@@ -133,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--async-record", type=boolean, nargs="?", const=True, default=False,
                    help="answer /filter before the placement is written to the pod; /bind waits for the write "
                    "(lower filter latency; a failed write fails the bind instead of the filter). Default false")  # fmt: skip
+    p.add_argument("--gc-freeze-interval", type=duration, default=10.0,
+                   help="move long-lived objects out of the garbage collector's full passes this often "
+                   "(default 10s; 0 = off; see scheduler_extender/gctune.py)")  # fmt: skip
+    p.add_argument("--gc-full-interval", type=duration, default=3600.0,
+                   help="with --gc-freeze-interval: one full collection this often (default 1h)")  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -158,6 +164,13 @@ def parse_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = N
         args.leader_elect_resource_namespace = env.get("POD_NAMESPACE") or "kube-system"
     if args.leader_elect_identity is None:
         args.leader_elect_identity = env.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    if args.gc_freeze_interval < 0 or (
+        args.gc_freeze_interval and args.gc_full_interval < args.gc_freeze_interval
+    ):
+        parser.error(
+            f"--gc-freeze-interval {args.gc_freeze_interval:g}s / --gc-full-interval {args.gc_full_interval:g}s: "
+            "want 0 (off) or an interval no longer than the full-collection interval"
+        )
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         parser.error("--tls-cert-file and --tls-private-key-file go together")
     return args
@@ -291,6 +304,10 @@ async def serve(args: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT."""
     server = Server(args)
     await server.start()
+    # Process-wide, so only here (tests build several Servers in one process).
+    freezer = (
+        GcFreezer(args.gc_freeze_interval, args.gc_full_interval).start() if args.gc_freeze_interval else None
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -301,6 +318,8 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await stop.wait()
     finally:
+        if freezer is not None:
+            freezer.stop()
         await server.stop()
 
 

@@ -12,6 +12,9 @@ Rules this module keeps (k8s-protocols §1.2/§1.8, hami-legacy-spec §2.3/§2.7
   concurrent filters never take the same capacity. The only API call on the filter path is the pod
   patch that records the decision (``hami.io/vgpu-node`` annotation and label, ``hami.io/vgpu-time``,
   the vendors' device lists); if it fails the reservation is released and the reply is an ``Error``.
+  With ``--async-record`` (`Settings.async_record`) that patch is written in the background after the
+  reply; bind waits for it and fails (reservation released) if it failed, so a pod is never bound
+  before its placement is on it.
   For a pod placed by an earlier filter that now fits nowhere, that one patch removes the stale
   allocation instead. Events are queued, never awaited. Decisions and pod events are serialised
   through `sync.Inflight`, so a late event cannot undo a newer reservation.

@@ -107,7 +107,7 @@ def test_bad_config_refuses_to_start(fake_apiserver: FakeApiServer, tmp_path: Pa
         cwd=ROOT, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert proc.returncode == 2
-    assert "cannot start: nvidia.deviceSplitCount: 'zero' must be an integer" in proc.stderr
+    assert f"cannot start: {cfg}: nvidia.deviceSplitCount: 'zero' must be an integer" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -125,3 +125,44 @@ def test_events_flag_reaches_the_event_sink(
         assert (server.events._send is not None, server.events.warnings_only) == (sends, warnings_only)
     finally:
         server.client.close()
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_gc_freezer_freezes_survivors_and_full_pass_refreezes() -> None:
+    import gc
+    import weakref
+
+    from scheduler_extender.gctune import GcFreezer
+
+    keep = [{"pod": i} for i in range(1000)]  # long-lived objects, like the watch caches
+    try:
+        GcFreezer.tick()
+        assert gc.get_freeze_count() >= len(keep)
+        cycle = _Cycle()
+        alive = weakref.ref(cycle)
+        GcFreezer.tick()  # the cycle is now old and frozen ...
+        del cycle
+        GcFreezer.tick()
+        assert alive() is not None  # ... so young collections and freezing keep it
+        GcFreezer.full()
+        assert alive() is None  # the full pass looked at everything and froze the survivors again
+        assert gc.get_freeze_count() >= len(keep)
+    finally:
+        gc.unfreeze()
+    with pytest.raises(ValueError, match="want 0 < interval_s <= full_interval_s, got 10 and 5"):
+        GcFreezer(10, 5)
+
+
+def test_gc_flags_are_checked(capsys) -> None:  # type: ignore[no-untyped-def]
+    assert (parse_args([], env={}).gc_freeze_interval, parse_args([], env={}).gc_full_interval) == (
+        10.0,
+        3600.0,
+    )
+    assert parse_args(["--gc-freeze-interval", "0"], env={}).gc_freeze_interval == 0
+    with pytest.raises(SystemExit):
+        parse_args(["--gc-freeze-interval", "2h"], env={})
+    assert "--gc-freeze-interval 7200s / --gc-full-interval 3600s: want 0 (off)" in capsys.readouterr().err
