@@ -7,7 +7,7 @@ Targets (issue 2, on the 2-core dev machine): full replay (load + replay) <= 20 
 The dev machine is shared with other sessions, so a run can wait for a core. The script also prints
 CPU time (of the process, and of each filter call on its own thread), and with `--repeat N` it
 prints every run and then the best one, which is the closest to the uncontended cost.
-Results and the command line are recorded in docs/benchmarks-simulate.md.
+Results and the command line are recorded in docs/benchmarks.md.
 
     python benchmarks/simulate_bench.py [--data-dir DIR] [--policy binpack] [--arrival 130] [--repeat 3] [--profile]
 """
