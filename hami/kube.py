@@ -524,6 +524,20 @@ class KubeClient:
         except NotFound:
             return None
 
+    def _list_method(
+        self, res: Any, namespace: str | None, field_selector: str | None, label_selector: str | None
+    ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """The client's list function for `res` (namespaced or all namespaces), its positional
+        arguments and the selector keyword arguments; shared by list and watch."""
+        kwargs: dict[str, Any] = {}
+        if field_selector:
+            kwargs["field_selector"] = field_selector
+        if label_selector:
+            kwargs["label_selector"] = label_selector
+        if res.namespaced and namespace is not None:
+            return self._method(res, "list"), (namespace,), kwargs
+        return self._method(res, "list", all_namespaces=True), (), kwargs
+
     def list_with_version(
         self,
         resource: str,
@@ -537,15 +551,7 @@ class KubeClient:
         Items are as the server sends them: without ``kind``/``apiVersion``.
         """
         res = _res(resource)
-        kwargs: dict[str, Any] = {}
-        if field_selector:
-            kwargs["field_selector"] = field_selector
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        if res.namespaced and namespace is not None:
-            fn, args = self._method(res, "list"), (namespace,)
-        else:
-            fn, args = self._method(res, "list", all_namespaces=True), ()
+        fn, args, kwargs = self._list_method(res, namespace, field_selector, label_selector)
         body = self._call(f"list {resource}", fn, *args, **kwargs) or {}
         return list(body.get("items") or []), str((body.get("metadata") or {}).get("resourceVersion", ""))
 
@@ -672,14 +678,8 @@ class KubeClient:
             # The read timeout must outlast the server's own timeout plus a bookmark's delay.
             "_request_timeout": (self.timeout_s, timeout_s + 30.0),
         }
-        if field_selector:
-            kwargs["field_selector"] = field_selector
-        if label_selector:
-            kwargs["label_selector"] = label_selector
-        if res.namespaced and namespace is not None:
-            fn, args = self._method(res, "list"), (namespace,)
-        else:
-            fn, args = self._method(res, "list", all_namespaces=True), ()
+        fn, args, selectors = self._list_method(res, namespace, field_selector, label_selector)
+        kwargs.update(selectors)
         what = f"watch {resource}"
         if self._limiter is not None:
             self._limiter.acquire()

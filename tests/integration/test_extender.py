@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import re
 import ssl
-from collections.abc import AsyncIterator, Iterator
 
-import aiohttp
 import pytest
 
 from hami import annotations as A
@@ -21,7 +19,6 @@ from tests.integration.test_extender_harness import (
     UUID_B,
     V100,
     Scheduler,
-    api_server,
     create_pod,
     eventually,
     gpu_node,
@@ -31,17 +28,6 @@ from tests.integration.test_extender_harness import (
 )
 
 V100_CARDS = [Device(UUID_A, 0, 10, 32768, 100, V100), Device(UUID_B, 1, 10, 32768, 100, V100, numa=1)]
-
-
-@pytest.fixture
-def fake_apiserver() -> Iterator[FakeApiServer]:
-    yield from api_server()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 @pytest.fixture

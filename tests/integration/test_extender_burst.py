@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
@@ -21,7 +21,6 @@ from hami import annotations as A
 from hami.testing.apiserver import FakeApiServer
 from tests.integration.test_extender_harness import (
     Scheduler,
-    api_server,
     cards,
     create_pod,
     dp_allocated,
@@ -35,11 +34,6 @@ from tests.integration.test_extender_harness import (
 NODES = 5
 CARD_MEM = 16000
 SPLIT = 4
-
-
-@pytest.fixture
-def fake_apiserver() -> Iterator[FakeApiServer]:
-    yield from api_server()
 
 
 @pytest.fixture

@@ -9,21 +9,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hami.testing.apiserver import FakeApiServer
 from scheduler_extender.cli import duration, parse_args
-from tests.integration.test_extender_harness import api_server, cards, gpu_node
+from tests.integration.test_extender_harness import cards, gpu_node
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def fake_apiserver() -> Iterator[FakeApiServer]:
-    yield from api_server()
 
 
 @pytest.mark.parametrize(

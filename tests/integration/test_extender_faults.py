@@ -7,16 +7,13 @@ Each test asserts what was released (reservation, node lock) and the exact `Erro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 
-import aiohttp
 import pytest
 
 from hami import annotations as A
 from hami.testing.apiserver import FakeApiServer
 from tests.integration.test_extender_harness import (
     Scheduler,
-    api_server,
     cards,
     create_pod,
     dp_allocated,
@@ -26,17 +23,6 @@ from tests.integration.test_extender_harness import (
     start_extender,
     wait_ready,
 )
-
-
-@pytest.fixture
-def fake_apiserver() -> Iterator[FakeApiServer]:
-    yield from api_server()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 @pytest.fixture

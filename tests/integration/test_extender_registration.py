@@ -5,16 +5,11 @@ node unusable with its reason, and the active replica stamps ``Requesting_<time>
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-
-import aiohttp
-import pytest
 
 from hami import annotations as A
 from hami.testing.apiserver import FakeApiServer
 from tests.integration.test_extender_harness import (
     Scheduler,
-    api_server,
     cards,
     create_pod,
     eventually,
@@ -23,17 +18,6 @@ from tests.integration.test_extender_harness import (
     start_extender,
     wait_ready,
 )
-
-
-@pytest.fixture
-def fake_apiserver() -> Iterator[FakeApiServer]:
-    yield from api_server()
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 async def test_handshakes_and_malformed_registrations(fake_apiserver: FakeApiServer, session) -> None:
