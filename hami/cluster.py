@@ -179,6 +179,8 @@ class _Node:
     pods: set[str] = field(default_factory=set)
     score: float | None = None  # cached node_score, None = stale
     summaries: dict[str, _Summary] = field(default_factory=dict)  # per vendor, cleared on any change
+    source: tuple[str | None, ...] | None = None  # the annotations the devices were parsed from
+    problem: str | None = None  # what the registration itself says is wrong (None = fine)
 
     def touch(self) -> None:
         self.score = None
@@ -282,6 +284,11 @@ class ClusterState:
         )
         self.quota = QuotaState(self.vendors)
         self._lock = threading.RLock()
+        self._node_keys = (
+            *(v.register_key for v in self.vendors.values()),
+            A.NVIDIA_SCORE,
+            A.DEVICE_CORDON,
+        )
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}
 
@@ -296,6 +303,14 @@ class ClusterState:
         """
         name = (node.get("metadata") or {}).get("name", "")
         annos = A.pod_annotations(node)
+        # Lock, handshake and status updates leave the registration as it was: skip the re-parse and
+        # recount, which every bind's node-lock write would otherwise cost twice.
+        source = tuple(annos.get(k) for k in self._node_keys)
+        with self._lock:
+            n = self._nodes.get(name)
+            if n is not None and n.source == source:
+                n.unusable = n.problem
+                return n.problem
         devices: dict[str, list[Device]] = {}
         unusable = None
         for vendor in self.vendors.values():
@@ -323,6 +338,7 @@ class ClusterState:
             n.devices = devices
             n.by_uuid = {d.uuid: d for ds in devices.values() for d in ds}
             n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
+            n.source, n.problem = source, unusable
             self._recount_node(n)
         return unusable
 

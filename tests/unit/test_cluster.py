@@ -209,3 +209,21 @@ def test_quota_snapshot_for_metrics():
     )
     cs.filter(pod(ctr(gpu=2, mem=8000), ns="t"), ["n"])
     assert cs.quota_stats() == [("t", "nvidia.com/gpumem", 16000, 30000)]
+
+
+def test_node_updates_that_leave_the_registration_alone_keep_usage_and_clear_marks():
+    cs = ClusterState()
+    n = node("n", cards("n", 1))
+    cs.upsert_node(n)
+    cs.filter(pod(ctr(gpu=1, mem=8000, cores=10)), ["n"])
+    cs.mark_node_unusable("n", "handshake expired")
+    locked = copy.deepcopy(n)
+    locked["metadata"]["annotations"]["hami.io/mutex.lock"] = "2024-05-10T08:15:30Z,default,p"
+    assert cs.upsert_node(locked) is None
+    assert cs.node_unusable_reason("n") is None
+    assert cs.usage_snapshot()["n"] == {"GPU-n-0": (1, 8000, 10)}
+    cordoned = copy.deepcopy(locked)
+    cordoned["metadata"]["annotations"]["hami.io/device-cordon"] = "GPU-n-0"
+    cs.upsert_node(cordoned)
+    out = cs.filter(pod(ctr(gpu=1, mem=1000)), ["n"])
+    assert out.failed_nodes["n"] == "1/1 CardCordoned"
