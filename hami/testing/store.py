@@ -204,6 +204,16 @@ def conflict(info: ResourceInfo, name: str, why: str, *, qualified: str | None =
     )
 
 
+def check_uid_precondition(info: ResourceInfo, name: str, uid: str | None, cur_meta: dict[str, Any]) -> None:
+    """Raise the real server's 409 when a UID precondition (binding target, delete options) is stale."""
+    if uid and uid != cur_meta.get("uid"):
+        raise conflict(
+            info,
+            name,
+            f"Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_meta.get('uid')}",
+        )
+
+
 STALE = "the object has been modified; please apply your changes to the latest version and try again"
 
 
@@ -900,12 +910,7 @@ class Store:
             if cur is None:
                 raise not_found(info, pod_name)
             cur_meta = object_meta(cur)
-            if meta.get("uid") and meta["uid"] != cur_meta.get("uid"):
-                raise conflict(
-                    info,
-                    pod_name,
-                    f"Precondition failed: UID in precondition: {meta['uid']}, UID in object meta: {cur_meta.get('uid')}",
-                )
+            check_uid_precondition(info, pod_name, meta.get("uid"), cur_meta)
             if meta.get("resourceVersion") and meta["resourceVersion"] != cur_meta.get("resourceVersion"):
                 raise conflict(info, pod_name, STALE)
             if cur_meta.get("deletionTimestamp"):
@@ -954,12 +959,7 @@ class Store:
             if cur is None:
                 raise not_found(info, name)
             cur_meta = object_meta(cur)
-            if pre.get("uid") and pre["uid"] != cur_meta.get("uid"):
-                raise conflict(
-                    info,
-                    name,
-                    f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: {cur_meta.get('uid')}",
-                )
+            check_uid_precondition(info, name, pre.get("uid"), cur_meta)
             if pre.get("resourceVersion") and pre["resourceVersion"] != cur_meta.get("resourceVersion"):
                 raise conflict(
                     info,
