@@ -21,7 +21,7 @@ from device_plugin.backends.base import Backend
 from device_plugin.devices import DeviceState
 from device_plugin.metrics import PluginMetrics, metrics_app
 from device_plugin.node_register import INTERVAL_S, NodeRegistrar
-from device_plugin.registration import KubeletRegistration
+from device_plugin.kubelet import KubeletRegistration
 from device_plugin.server import DevicePluginService
 from hami.config import DeviceConfig
 

@@ -31,7 +31,7 @@ from hami.model import ContainerRequest
 from hami.quota import pod_demand
 from hami.vendors.base import Vendor
 from webhook import rules
-from webhook.hooks import NamespaceView, QuotaView
+from webhook.views import NamespaceView, QuotaView
 from webhook.patch import diff, json_copy
 from webhook.review import AdmissionRequest, Decision, allow, deny
 

@@ -15,7 +15,7 @@ from device_plugin.backends import make_backend
 from device_plugin.backends.fake import parse_cards
 from device_plugin.backends.nvidia import DEFAULT_IGNORED_XIDS, NvidiaBackend, sysfs_bus_id, xid_policy
 from device_plugin.devices import Card, DeviceState, nvidia_type
-from device_plugin.registration import socket_name
+from device_plugin.kubelet import socket_name
 from device_plugin.server import list_response, options
 from hami.errors import ConfigError
 
