@@ -8,12 +8,12 @@ import aiohttp
 import pytest
 
 from hami.testing.apiserver import FakeApiServer
-from tests.integration.test_extender_harness import api_server
+from tests.integration.extender_harness import api_server
 
 
 @pytest.fixture
 def fake_apiserver() -> Iterator[FakeApiServer]:
-    """A fresh in-memory API server (see `test_extender_harness.api_server`)."""
+    """A fresh in-memory API server (see `extender_harness.api_server`)."""
     yield from api_server()
 
 

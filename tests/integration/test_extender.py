@@ -14,7 +14,7 @@ import pytest
 from hami import annotations as A
 from hami.model import Device
 from hami.testing.apiserver import FakeApiServer
-from tests.integration.test_extender_harness import (
+from tests.integration.extender_harness import (
     UUID_A,
     UUID_B,
     V100,

@@ -15,7 +15,7 @@ import pytest
 
 from hami.testing.apiserver import FakeApiServer
 from scheduler_extender.cli import duration, parse_args
-from tests.integration.test_extender_harness import cards, gpu_node
+from tests.integration.extender_harness import cards, gpu_node
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ import pytest
 
 from hami import annotations as A
 from hami.testing.apiserver import FakeApiServer
-from tests.integration.test_extender_harness import (
+from tests.integration.extender_harness import (
     Scheduler,
     cards,
     create_pod,
