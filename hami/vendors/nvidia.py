@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami import annotations as A
+from hami import booleans
 from hami.config import NvidiaConfig
 from hami.errors import InvalidRequest
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
@@ -28,9 +29,6 @@ VGPU_MODE = "nvidia.com/vgpu-mode"
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 
-_TRUE = {"1", "t", "true", "yes", "y", "on"}
-_FALSE = {"0", "f", "false", "no", "n", "off", ""}
-
 
 def model_type(nvml_name: str) -> str:
     """HAMi's type rule: prefix ``NVIDIA-`` unless the NVML name already starts with ``NVIDIA``."""
@@ -38,30 +36,29 @@ def model_type(nvml_name: str) -> str:
 
 
 def parse_bool(value: str, *, field: str) -> bool:
-    """Go's ParseBool-like: true/false/1/0 (case-insensitive). Raises InvalidRequest naming `field`."""
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise InvalidRequest(f"{field}: {value!r} is not a boolean; valid: true, false")
+    """An annotation boolean by the shared truth table (`hami.booleans`), surrounding white space
+    trimmed (annotations are typed by hand). Raises InvalidRequest naming `field`."""
+    return booleans.parse_bool(value.strip(), field=field)
 
 
 #: Container env that turns libvgpu's limits off (read by value, as the device plugin does).
 ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
 #: Quantities whose unit makes them bytes (binary suffixes; decimal M and up), converted to bare MiB.
 _BYTE_FORM = re.compile(r"(Ki|Mi|Gi|Ti|Pi|Ei|[MGTPE])$")
-_GO_TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go strconv.ParseBool's true set
 
 
 def control_disabled(container: Mapping[str, Any]) -> bool:
     """Whether the container sets `CUDA_DISABLE_CONTROL` to a true value (the last entry wins, as in
-    kubelet; a ``valueFrom`` entry cannot be resolved by the scheduler and counts as not true)."""
+    kubelet; a ``valueFrom`` entry cannot be resolved by the scheduler and counts as not true).
+    Values are read by the truth table libvgpu also uses (`hami.booleans`); an invalid one keeps
+    control on, as libvgpu does."""
     value = None
     for env in container.get("env") or []:
         if isinstance(env, Mapping) and env.get("name") == ENV_DISABLE_CONTROL:
             value = env.get("value")
-    return value is not None and str(value) in _GO_TRUE
+    return booleans.bool_or_default(
+        None if value is None else str(value), field=ENV_DISABLE_CONTROL, default=False
+    )
 
 
 class NvidiaVendor:

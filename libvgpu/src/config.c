@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 #include "common.h"
+#include "vgpu_bool.h"
 
 int vgpu_parse_size(const char *s, uint64_t *out) {
     if (!s) return -1;
@@ -100,13 +101,11 @@ uint32_t vgpu_sm_limit_for(int phys) {
     return pct == 0 ? 100 : pct;
 }
 
-/* true/1/yes/on -> 1; false/0/no/off/empty -> 0; anything else keeps control on (fail closed). */
+/* The shared truth table (vgpu_bool.h): 1 true, 0 false, dflt when unset, -1 invalid. */
 static int env_bool(const char *name, int dflt) {
     const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    if (!strcasecmp(v, "true") || !strcmp(v, "1") || !strcasecmp(v, "yes") || !strcasecmp(v, "on")) return 1;
-    if (!strcasecmp(v, "false") || !strcmp(v, "0") || !strcasecmp(v, "no") || !strcasecmp(v, "off")) return 0;
-    return -1;
+    if (!v) return dflt;
+    return vgpu_bool_parse(v);
 }
 
 int vgpu_control_disabled(void) {
@@ -114,7 +113,8 @@ int vgpu_control_disabled(void) {
     if (cached != -2) return cached;
     int b = env_bool("CUDA_DISABLE_CONTROL", 0);
     if (b < 0) {
-        VLOG(VLOG_ERROR, "CUDA_DISABLE_CONTROL='%s' is not true/false; enforcement stays on",
+        VLOG(VLOG_ERROR, "CUDA_DISABLE_CONTROL='%s' is not true/false (valid: 1/t/true/y/yes/on, 0/f/false/n/no/off/empty); "
+             "enforcement stays on",
              getenv("CUDA_DISABLE_CONTROL"));
         b = 0;
     }
