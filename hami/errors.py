@@ -32,3 +32,20 @@ class Conflict(HamiError):
 
 class NodeLockContention(Conflict):
     """The node lock is held by another live pod."""
+
+
+class ApiError(HamiError):
+    """An API server error that is neither NotFound, Conflict nor InvalidRequest (5xx, 429, 403, ...).
+
+    `status` is the HTTP status (None for a transport failure), `reason` the Status body's reason
+    (``"Transport"`` when the server could not be reached).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class ResourceExpired(ApiError):
+    """``410 Gone``/``Expired``: the resourceVersion is older than the server's history; relist."""

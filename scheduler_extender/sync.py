@@ -10,7 +10,7 @@ state.
 
 Ordering: the three reflectors call back from three threads; one lock serialises every callback, so
 a relist of one kind (`ClusterState.rebuild` with the other kinds' cached objects) never interleaves
-with an event of another kind. Node liveness (`hami.registration.check_node`) is applied after every
+with an event of another kind. Node liveness (`hami.handshake.check_node`) is applied after every
 node upsert and re-judged by the periodic pass, which also writes the handshake stamps and expires
 reservations that no pod event confirmed.
 """
@@ -29,7 +29,7 @@ from hami.annotations import NODE_LOCK
 from hami.cluster import ClusterState
 from hami.errors import HamiError
 from hami.kube import KubeClient, Reflector
-from hami.registration import HANDSHAKE_TIMEOUT_S, check_node
+from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 
 log = logging.getLogger(__name__)
 

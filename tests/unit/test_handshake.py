@@ -1,4 +1,4 @@
-"""hami.registration.check_node: HAMi's handshake health check without the user-reported failure modes
+"""hami.handshake.check_node: HAMi's handshake health check without the user-reported failure modes
 (user bug log R01: a stale ``Deleted_`` kept nodes out; R02: a late answer must not drop a live node)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from hami import annotations as A
 from hami.model import Device
-from hami.registration import check_node
+from hami.handshake import check_node
 from hami.vendors import build_vendors
 
 NOW = datetime(2026, 11, 29, 12, 0, 0)
