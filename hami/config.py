@@ -4,8 +4,10 @@ It is HAMi's `device-config.yaml` (hami-legacy-spec §4.2, ConfigMap `<fullname>
 same key names, so an existing ConfigMap works unchanged, plus two small additions: a `scheduler:` section
 (default node / card policies, otherwise command-line flags in HAMi) and per-node overrides (`nodeconfig:`,
 HAMi's per-node device-plugin JSON of §4.3). Unknown keys inside a section we implement are errors naming
-the key (a typo must not silently fall back to a default); sections of vendors we do not implement yet are
-accepted and ignored.
+the key (a typo must not silently fall back to a default). Each vendor's section is a dataclass in its
+`hami/vendors/<vendor>.py` module, registered in the table `hami.vendors.VENDOR_SECTIONS`; every field
+carries an attribute docstring (unit, default, HAMi source) from which docs/configuration.md is generated
+(`python scripts/gen_configuration_doc.py`).
 """
 
 from __future__ import annotations
@@ -17,79 +19,94 @@ from typing import Any
 
 import yaml
 
+from hami.configparse import coerce, parse_section, require
 from hami.errors import ConfigError
+from hami.vendors import UNIMPLEMENTED_SECTIONS, VENDOR_SECTIONS
+from hami.vendors.hygon import HygonConfig
+from hami.vendors.nvidia import CORE_POLICIES, NvidiaConfig
+
+__all__ = [
+    "CARD_POLICIES", "CORE_POLICIES", "NODE_POLICIES", "DeviceConfig", "HygonConfig", "NodeOverride",
+    "NvidiaConfig", "SchedulerConfig", "load_config", "load_config_file",
+]  # fmt: skip
 
 NODE_POLICIES = ("binpack", "spread")
 CARD_POLICIES = ("binpack", "spread", "numa", "mutex", "topology-aware")
-CORE_POLICIES = ("default", "force", "disable")
-
-# HAMi top-level sections of vendors not implemented here: accepted, ignored.
-_IGNORED_SECTIONS = {
-    "cambricon", "metax", "mthreads", "iluvatars", "iluvatar", "enflame", "kunlun",
-    "awsneuron", "amd", "vastai", "biren", "vnpus",
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class NvidiaConfig:
-    """The `nvidia:` section. Memory in MiB, cores in percent, scaling factors are multipliers."""
-
-    resourceCountName: str = "nvidia.com/gpu"
-    resourceMemoryName: str = "nvidia.com/gpumem"
-    resourceMemoryPercentageName: str = "nvidia.com/gpumem-percentage"
-    resourceCoreName: str = "nvidia.com/gpucores"
-    resourcePriorityName: str = "nvidia.com/priority"
-    overwriteEnv: bool = False
-    defaultMemory: int = 0
-    defaultCores: int = 0
-    defaultGPUNum: int = 1
-    memoryFactor: int = 1
-    preConfiguredDeviceMemory: int = 0
-    deviceSplitCount: int = 10
-    deviceMemoryScaling: float = 1.0
-    deviceCoreScaling: float = 1.0
-    enableNumaTopology: bool = False
-    gpuCorePolicy: str = "default"
-    libCudaLogLevel: int = 1
-    runtimeClassName: str = ""
-    disableCoreLimit: bool = False
-
-
-@dataclass(frozen=True)
-class HygonConfig:
-    """The `hygon:` section (Hygon DCU)."""
-
-    resourceCountName: str = "hygon.com/dcunum"
-    resourceMemoryName: str = "hygon.com/dcumem"
-    resourceCoreName: str = "hygon.com/dcucores"
-    memoryFactor: int = 1
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Default policies (HAMi: flags `--node-scheduler-policy` binpack, `--gpu-scheduler-policy` spread)."""
+    """The `scheduler:` section (ours; HAMi sets these with scheduler flags)."""
 
     nodeSchedulerPolicy: str = "binpack"
+    """Default node policy `binpack` or `spread` (HAMi `--node-scheduler-policy`). Default `binpack`."""
     gpuSchedulerPolicy: str = "spread"
+    """Default card policy, a comma chain of binpack, spread, numa, mutex, topology-aware
+    (HAMi `--gpu-scheduler-policy`). Default `spread`."""
     schedulerName: str = "hami-scheduler"
+    """`spec.schedulerName` of the pods this scheduler places and counts (HAMi `--scheduler-name`). Default `hami-scheduler`."""
+    enableAscend: bool = False
+    """Schedule Huawei Ascend NPUs, one vendor per `vnpus.configs` entry (HAMi `--enable-ascend`,
+    chart `devices.ascend.enabled`). Default false."""
+    enableIluvatar: bool = False
+    """Schedule Iluvatar GPUs, one vendor per `iluvatars` entry (HAMi `--enable-iluvatar`, chart
+    `devices.iluvatar.enabled`). Default false."""
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first invalid key."""
+        require(
+            self.nodeSchedulerPolicy in NODE_POLICIES, "scheduler.nodeSchedulerPolicy", self.nodeSchedulerPolicy,
+            ", ".join(NODE_POLICIES),
+        )  # fmt: skip
+        for part in self.gpuSchedulerPolicy.split(","):
+            require(
+                part.strip() in CARD_POLICIES, "scheduler.gpuSchedulerPolicy", self.gpuSchedulerPolicy,
+                "a comma chain of " + ", ".join(CARD_POLICIES),
+            )  # fmt: skip
 
 
 @dataclass(frozen=True)
 class NodeOverride:
-    """Per-node values (HAMi §4.3); None = use the `nvidia:` default."""
+    """One entry of `nodeconfig:` (HAMi's per-node device-plugin JSON); None = use the `nvidia:` value."""
 
     name: str
+    """The node name the entry applies to."""
     deviceSplitCount: int | None = None
+    """Slots per card on this node (HAMi `devicesplitcount`); unset or 0 = `nvidia.deviceSplitCount`."""
     deviceMemoryScaling: float | None = None
+    """Memory scaling on this node (HAMi `devicememoryscaling`); unset or 0 = `nvidia.deviceMemoryScaling`."""
     deviceCoreScaling: float | None = None
+    """Core scaling on this node (HAMi `devicecorescaling`); unset or 0 = `nvidia.deviceCoreScaling`."""
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first invalid key."""
+        where = f"nodeconfig[{self.name}]"
+        if self.deviceSplitCount is not None:
+            require(self.deviceSplitCount >= 1, f"{where}.devicesplitcount", self.deviceSplitCount, "an integer >= 1")
+        for key, val in (("devicememoryscaling", self.deviceMemoryScaling), ("devicecorescaling", self.deviceCoreScaling)):
+            if val is not None:
+                require(val > 0, f"{where}.{key}", val, "a number > 0")
 
 
 @dataclass(frozen=True)
 class DeviceConfig:
+    """The whole device configuration: the `nvidia:` section, every other vendor section by its YAML key
+    (`sections`, absent keys = that section's defaults), the `scheduler:` section and per-node overrides."""
+
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
-    hygon: HygonConfig | None = field(default_factory=HygonConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     nodes: Mapping[str, NodeOverride] = field(default_factory=dict)
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    def section(self, key: str) -> Any:
+        """The parsed section `key` (`cambricon`, `vnpus`, ...), or its defaults when the file had none.
+
+        Raises KeyError for a key that is not in the vendor table.
+        """
+        if key == "nvidia":
+            return self.nvidia
+        found = self.sections.get(key)
+        return found if found is not None else VENDOR_SECTIONS[key].config()
 
     def nvidia_for_node(self, node: str) -> NvidiaConfig:
         """The `nvidia:` section with `node`'s overrides applied."""
@@ -102,92 +119,6 @@ class DeviceConfig:
             if f.name != "name" and getattr(o, f.name) is not None
         }
         return replace(self.nvidia, **changes)
-
-
-def _coerce(section: str, key: str, value: Any, typ: Any) -> Any:
-    where = f"{section}.{key}"
-    if typ in ("int", int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            # HAMi's chart writes libCudaLogLevel as a string sometimes; accept integer strings.
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-                return int(value)
-            raise ConfigError(f"{where}: {value!r} must be an integer")
-        return value
-    if typ in ("float", float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where}: {value!r} must be a number")
-        return float(value)
-    if typ in ("bool", bool):
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: {value!r} must be true or false")
-        return value
-    if typ in ("str", str):
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: {value!r} must be a string")
-        return value
-    raise AssertionError(typ)
-
-
-def _section(cls: type, section: str, raw: Any, aliases: Mapping[str, str] | None = None) -> Any:
-    if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{section}: must be a mapping")
-    known = {f.name: f.type for f in fields(cls)}
-    # HAMi-only keys we accept but do not use (MIG is out of scope of hami-core legacy mode).
-    tolerated = {"migProfileAllowlist", "knownMigGeometries", "migStrategy", "migstrategy"}
-    kwargs = {}
-    for key, value in raw.items():
-        key = (aliases or {}).get(key, key)
-        if key in tolerated:
-            continue
-        if key not in known:
-            raise ConfigError(f"{section}.{key}: unknown key; valid keys: {', '.join(sorted(known))}")
-        kwargs[key] = _coerce(section, key, value, known[key])
-    return cls(**kwargs)
-
-
-def _validate(cfg: DeviceConfig) -> None:
-    n = cfg.nvidia
-    checks = [
-        (n.deviceSplitCount >= 1, "nvidia.deviceSplitCount", n.deviceSplitCount, "an integer >= 1"),
-        (n.deviceMemoryScaling > 0, "nvidia.deviceMemoryScaling", n.deviceMemoryScaling, "a number > 0"),
-        (n.deviceCoreScaling > 0, "nvidia.deviceCoreScaling", n.deviceCoreScaling, "a number > 0"),
-        (n.defaultMemory >= 0, "nvidia.defaultMemory", n.defaultMemory, "MiB >= 0"),
-        (0 <= n.defaultCores <= 100, "nvidia.defaultCores", n.defaultCores, "percent 0..100"),
-        (n.defaultGPUNum >= 0, "nvidia.defaultGPUNum", n.defaultGPUNum, "an integer >= 0"),
-        (n.memoryFactor >= 1, "nvidia.memoryFactor", n.memoryFactor, "an integer >= 1"),
-        (n.gpuCorePolicy in CORE_POLICIES, "nvidia.gpuCorePolicy", n.gpuCorePolicy, ", ".join(CORE_POLICIES)),
-    ]
-    if cfg.hygon is not None:
-        h = cfg.hygon
-        checks.append((h.memoryFactor >= 1, "hygon.memoryFactor", h.memoryFactor, "an integer >= 1"))
-    s = cfg.scheduler
-    checks.append(
-        (s.nodeSchedulerPolicy in NODE_POLICIES, "scheduler.nodeSchedulerPolicy", s.nodeSchedulerPolicy,
-         ", ".join(NODE_POLICIES))
-    )  # fmt: skip
-    for part in s.gpuSchedulerPolicy.split(","):
-        checks.append(
-            (part.strip() in CARD_POLICIES, "scheduler.gpuSchedulerPolicy", s.gpuSchedulerPolicy,
-             "a comma chain of " + ", ".join(CARD_POLICIES))
-        )  # fmt: skip
-    for o in cfg.nodes.values():
-        if o.deviceSplitCount is not None and o.deviceSplitCount < 1:
-            checks.append(
-                (False, f"nodeconfig[{o.name}].devicesplitcount", o.deviceSplitCount, "an integer >= 1")
-            )
-        for key, val in (
-            ("devicememoryscaling", o.deviceMemoryScaling),
-            ("devicecorescaling", o.deviceCoreScaling),
-        ):
-            if val is not None and val <= 0:
-                checks.append((False, f"nodeconfig[{o.name}].{key}", val, "a number > 0"))
-    for ok, key, val, valid in checks:
-        if not ok:
-            raise ConfigError(f"{key}: {val!r} is invalid; valid: {valid}")
 
 
 def _node_overrides(raw: Any) -> dict[str, NodeOverride]:
@@ -217,30 +148,37 @@ def _node_overrides(raw: Any) -> dict[str, NodeOverride]:
             if v in (0, None):
                 continue
             typ = int if lk == "devicesplitcount" else float
-            kw[keys[lk]] = _coerce(f"nodeconfig[{i}]", k, v, typ)
+            kw[keys[lk]] = coerce(f"nodeconfig[{i}]", k, v, typ)
         out[entry["name"]] = NodeOverride(name=entry["name"], **kw)
     return out
 
 
 def load_config(data: Mapping[str, Any] | None) -> DeviceConfig:
-    """Build a DeviceConfig from the parsed YAML mapping (None = all defaults). Raises ConfigError."""
+    """Build a DeviceConfig from the parsed YAML mapping (None = all defaults). Raises ConfigError.
+
+    Vendor sections are parsed and validated by the table in `hami.vendors` (one line per section).
+    """
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError("device config: top level must be a mapping")
+    valid = [*VENDOR_SECTIONS, "scheduler", "nodeconfig", *sorted(UNIMPLEMENTED_SECTIONS)]
     for key in data:
-        if key not in {"nvidia", "hygon", "scheduler", "nodeconfig"} | _IGNORED_SECTIONS:
-            raise ConfigError(
-                f"{key}: unknown top-level key; valid: nvidia, hygon, scheduler, nodeconfig "
-                f"and HAMi's other vendor sections ({', '.join(sorted(_IGNORED_SECTIONS))})"
-            )
+        if key not in valid:
+            raise ConfigError(f"{key}: unknown top-level key; valid: {', '.join(valid)}")
+    parsed = {key: entry.parse(key, data.get(key)) for key, entry in VENDOR_SECTIONS.items() if key in data}
     cfg = DeviceConfig(
-        nvidia=_section(NvidiaConfig, "nvidia", data.get("nvidia"), aliases={"defaultMem": "defaultMemory"}),
-        hygon=_section(HygonConfig, "hygon", data.get("hygon")),
-        scheduler=_section(SchedulerConfig, "scheduler", data.get("scheduler")),
+        nvidia=parsed.pop("nvidia", None) or NvidiaConfig(),
+        scheduler=parse_section(SchedulerConfig, "scheduler", data.get("scheduler")),
         nodes=_node_overrides(data.get("nodeconfig")),
+        sections=parsed,
     )
-    _validate(cfg)
+    cfg.nvidia.validate()
+    for value in parsed.values():
+        value.validate()
+    cfg.scheduler.validate()
+    for o in cfg.nodes.values():
+        o.validate()
     return cfg
 
 

@@ -7,10 +7,11 @@ cores 100 (a DCU is exclusive unless the pod asks for a share), memory x memoryF
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as A
-from hami.config import HygonConfig
+from hami.configparse import require
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib, to_percent
 from hami.vendors.base import MutationResult, ResourceNames, container_limits, split_list
@@ -19,6 +20,24 @@ USE_DCUTYPE = "hygon.com/use-dcutype"
 NOUSE_DCUTYPE = "hygon.com/nouse-dcutype"
 USE_GPUUUID = "hygon.com/use-gpuuuid"
 NOUSE_GPUUUID = "hygon.com/nouse-gpuuuid"
+
+
+@dataclass(frozen=True)
+class HygonConfig:
+    """The `hygon:` section of device-config.yaml (HAMi pkg/device/hygon)."""
+
+    resourceCountName: str = "hygon.com/dcunum"
+    """Extended resource counting DCUs per container. Default `hygon.com/dcunum` (HAMi chart)."""
+    resourceMemoryName: str = "hygon.com/dcumem"
+    """Per-DCU memory in MiB (times `memoryFactor`). Default `hygon.com/dcumem` (HAMi chart)."""
+    resourceCoreName: str = "hygon.com/dcucores"
+    """Per-DCU share of the compute units in percent; absent = 100 (exclusive). Default `hygon.com/dcucores`."""
+    memoryFactor: int = 1
+    """Multiplier applied to memory requests and memory quotas. Default 1 (HAMi chart)."""
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first invalid key."""
+        require(self.memoryFactor >= 1, "hygon.memoryFactor", self.memoryFactor, "an integer >= 1")
 
 
 class HygonVendor:

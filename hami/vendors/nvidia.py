@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as A
 from hami import booleans
-from hami.config import NvidiaConfig
+from hami.configparse import require
 from hami.errors import InvalidRequest
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib, to_percent
@@ -28,6 +29,65 @@ VGPU_MODE = "nvidia.com/vgpu-mode"
 #: Env the webhook injects (read by libvgpu).
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+#: Values of `nvidia.gpuCorePolicy` (libvgpu core limiter).
+CORE_POLICIES = ("default", "force", "disable")
+
+
+@dataclass(frozen=True)
+class NvidiaConfig:
+    """The `nvidia:` section of device-config.yaml (HAMi chart `devices.nvidia`, pkg/device/nvidia)."""
+
+    resourceCountName: str = "nvidia.com/gpu"
+    """Extended resource counting cards per container. Default `nvidia.com/gpu` (HAMi chart)."""
+    resourceMemoryName: str = "nvidia.com/gpumem"
+    """Per-card device memory in MiB (a unit such as `16Gi` is converted). Default `nvidia.com/gpumem`."""
+    resourceMemoryPercentageName: str = "nvidia.com/gpumem-percentage"
+    """Per-card device memory in percent of the card. Default `nvidia.com/gpumem-percentage`."""
+    resourceCoreName: str = "nvidia.com/gpucores"
+    """Per-card share of the SMs in percent (100 = exclusive card). Default `nvidia.com/gpucores`."""
+    resourcePriorityName: str = "nvidia.com/priority"
+    """Task priority (0 high, 1 low), passed to libvgpu as `CUDA_TASK_PRIORITY`. Default `nvidia.com/priority`."""
+    overwriteEnv: bool = False
+    """Set `NVIDIA_VISIBLE_DEVICES=none` in containers that ask for no NVIDIA card. Default false (HAMi)."""
+    defaultMemory: int = 0
+    """MiB per card when a container gives neither memory form; 0 = the whole card. Default 0 (HAMi `defaultMem`)."""
+    defaultCores: int = 0
+    """Percent of SMs per card when a container gives none. Default 0 (HAMi)."""
+    defaultGPUNum: int = 1
+    """Cards added when a container asks for memory or cores but no count; 0 = add none. Default 1 (HAMi)."""
+    memoryFactor: int = 1
+    """Multiplier applied to `gpumem` requests and to memory quotas. Default 1 (HAMi)."""
+    preConfiguredDeviceMemory: int = 0
+    """Device plugin: MiB to register per card instead of NVML's figure; 0 = NVML. Default 0 (HAMi)."""
+    deviceSplitCount: int = 10
+    """Device plugin: how many containers may share one card (slots). Default 10 (HAMi chart)."""
+    deviceMemoryScaling: float = 1.0
+    """Device plugin: registered memory = physical MiB x this (above 1 oversubscribes). Default 1 (HAMi)."""
+    deviceCoreScaling: float = 1.0
+    """Device plugin: registered cores = 100 x this percent. Default 1 (HAMi)."""
+    enableNumaTopology: bool = False
+    """Device plugin: register each card's NUMA node (else 0). Default false (HAMi)."""
+    gpuCorePolicy: str = "default"
+    """libvgpu core limiter policy `default`, `force` or `disable` (env `GPU_CORE_UTILIZATION_POLICY`). Default `default` (HAMi)."""
+    libCudaLogLevel: int = 1
+    """libvgpu log level (env `LIBCUDA_LOG_LEVEL`): 0 errors ... 4 debug. Default 1 (HAMi)."""
+    runtimeClassName: str = ""
+    """RuntimeClass the webhook sets on NVIDIA pods without one; "" = leave unset. Default "" (HAMi)."""
+    disableCoreLimit: bool = False
+    """Device plugin: do not pass core limits to libvgpu (memory limits stay). Default false (HAMi)."""
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first invalid key."""
+        require(self.deviceSplitCount >= 1, "nvidia.deviceSplitCount", self.deviceSplitCount, "an integer >= 1")
+        require(self.deviceMemoryScaling > 0, "nvidia.deviceMemoryScaling", self.deviceMemoryScaling, "a number > 0")
+        require(self.deviceCoreScaling > 0, "nvidia.deviceCoreScaling", self.deviceCoreScaling, "a number > 0")
+        require(self.defaultMemory >= 0, "nvidia.defaultMemory", self.defaultMemory, "MiB >= 0")
+        require(0 <= self.defaultCores <= 100, "nvidia.defaultCores", self.defaultCores, "percent 0..100")
+        require(self.defaultGPUNum >= 0, "nvidia.defaultGPUNum", self.defaultGPUNum, "an integer >= 0")
+        require(self.memoryFactor >= 1, "nvidia.memoryFactor", self.memoryFactor, "an integer >= 1")
+        require(
+            self.gpuCorePolicy in CORE_POLICIES, "nvidia.gpuCorePolicy", self.gpuCorePolicy, ", ".join(CORE_POLICIES)
+        )
 
 
 def model_type(nvml_name: str) -> str:
