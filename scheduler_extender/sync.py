@@ -33,6 +33,8 @@ from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 
 log = logging.getLogger(__name__)
 
+_KINDS = frozenset({"nodes", "pods", "quotas"})
+
 
 class Inflight:
     """Allocation annotations this replica has written (filter) and not yet seen come back in a pod event.
@@ -134,6 +136,8 @@ class ClusterSync:
         self._lock = threading.RLock()
         self._closed = False
         self._health: dict[str, str | None] = {}  # node -> last liveness verdict applied
+        self._listed: set[str] = set()  # kinds whose first list of this term was applied
+        self.rebuilds = 0  # state rebuilds applied in this term (one per list of any kind)
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._alloc_keys = (NODE_ASSIGNED, *sorted({v.allocated_key for v in state.vendors.values()}))
@@ -143,12 +147,12 @@ class ClusterSync:
             watch_timeout_s=watch_timeout_s, name="extender-nodes",
         )  # fmt: skip
         self.pods = Reflector(
-            client, "pods", on_sync=self._rebuild_from_caches, on_add=self._pod_event,
+            client, "pods", on_sync=self._pods_synced, on_add=self._pod_event,
             on_update=self._pod_updated, on_delete=self._pod_deleted,
             watch_timeout_s=watch_timeout_s, name="extender-pods",
         )  # fmt: skip
         self.quotas = Reflector(
-            client, "resourcequotas", on_sync=self._rebuild_from_caches, on_add=self._quota_event,
+            client, "resourcequotas", on_sync=self._quotas_synced, on_add=self._quota_event,
             on_update=lambda _old, new: self._quota_event(new), on_delete=self._quota_deleted,
             watch_timeout_s=watch_timeout_s, name="extender-quotas",
         )  # fmt: skip
@@ -201,23 +205,44 @@ class ClusterSync:
         if reason is not None:
             self.state.mark_node_unusable(name, reason)
 
-    def _rebuild_from_caches(self, _items: list[dict[str, Any]] | None = None) -> None:
-        with self._lock:
+    def _rebuild_from_caches(self, kind: str) -> None:
+        """Rebuild the state from the three caches after `kind` ("nodes", "pods", "quotas") was listed.
+
+        The first lists of a term rebuild from the API server alone. A later relist (410 Gone,
+        `Reflector.resync`) happens while filters reserve: it keeps the reservations whose pod patch
+        is still on its way, and a listed pod that predates such a write of ours (`Inflight.admits`
+        is False) is left out, exactly as its watch event would be; otherwise the relist would free
+        capacity that a filter already handed out and give it out a second time.
+        """
+        with self._lock, self.inflight.lock:
             if self._closed:
                 return
+            mid_term = self._listed >= _KINDS
+            self._listed.add(kind)
             nodes = self.nodes.items()
-            self.state.rebuild(nodes, self.pods.items(), self.quotas.items())
+            pods = self.pods.items()
+            if mid_term:
+                pods = [p for p in pods if self.inflight.admits(p)]
+            self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
+            self.rebuilds += 1
             for node in nodes:
                 self._apply_node(node)
             log.info(
-                "state rebuilt from %d nodes, %d pods, %d quotas",
+                "state rebuilt from %d nodes, %d pods, %d quotas%s",
                 len(nodes),
-                len(self.pods.items()),
+                len(pods),
                 len(self.quotas.items()),
+                " (in-flight reservations kept)" if mid_term else "",
             )
 
-    def _nodes_synced(self, items: list[dict[str, Any]]) -> None:
-        self._rebuild_from_caches(items)
+    def _nodes_synced(self, _items: list[dict[str, Any]]) -> None:
+        self._rebuild_from_caches("nodes")
+
+    def _pods_synced(self, _items: list[dict[str, Any]]) -> None:
+        self._rebuild_from_caches("pods")
+
+    def _quotas_synced(self, _items: list[dict[str, Any]]) -> None:
+        self._rebuild_from_caches("quotas")
 
     def _node_event(self, node: dict[str, Any]) -> None:
         with self._lock:

@@ -1,0 +1,80 @@
+"""A relist in the middle of a leadership term keeps the reservations whose pod patch is still in flight.
+
+With ``--async-record`` /filter answers once the decision is reserved in ClusterState and writes the pod
+patch afterwards. A pod relist (the reflector's answer to ``410 Gone``, or `Reflector.resync`) that lands
+in between sees the pod without its allocation annotations; rebuilding the state from that list alone
+would free the reserved card and hand it to the next pod as well. The real extender and its real sync
+run against the in-memory API server; the placement write is held back by a server-side delay.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hami import annotations as A
+from hami.testing.apiserver import FakeApiServer
+from tests.integration.extender_harness import (
+    Scheduler,
+    cards,
+    create_pod,
+    eventually,
+    gpu_node,
+    gpu_pod,
+    start_extender,
+    wait_ready,
+)
+
+# Long enough for a relist and a second filter to happen while the first placement write is held;
+# the test checks that the write was indeed still pending, so a slow machine fails loudly, never
+# passes by accident.
+WRITE_DELAY_S = 3.0
+
+
+@pytest.fixture
+async def async_extender(fake_apiserver: FakeApiServer):
+    # One card of 32768 MiB: two pods of 30000 MiB cannot both have it.
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 1)))
+    server = await start_extender(fake_apiserver, "--async-record")
+    await wait_ready(server)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def placed(api: FakeApiServer, name: str) -> bool:
+    pod = api.store.get("pods", name, namespace="default")
+    return A.ASSIGNED_NODE in (pod["metadata"].get("annotations") or {})
+
+
+@pytest.mark.parametrize("how", ["resync", "410-gone"])
+async def test_relist_during_a_pending_placement_write_keeps_the_reservation(
+    fake_apiserver, async_extender, session, how
+) -> None:
+    api, sched = fake_apiserver, Scheduler(session, async_extender.url)
+    sync = async_extender.runtime.sync
+    api.faults.add(verb="patch", resource="pods", name="first", status=None, delay_s=WRITE_DELAY_S, times=1)
+    first = create_pod(api, gpu_pod("first", mem=30000, cores=10))
+    assert (await sched.filter(first, ["node1"]))["NodeNames"] == ["node1"]
+    assert async_extender.state.usage_snapshot()["node1"] == {"GPU-n1-0": (1, 30000, 10)}
+
+    lists, rebuilds = sync.pods.list_count, sync.rebuilds
+    if how == "resync":
+        sync.pods.resync()
+    else:  # the reopened pod watch is answered 410 Expired, as after an etcd compaction
+        api.faults.add(verb="watch", resource="pods", status=410, times=1)
+        api.drop_watches()
+    await eventually(lambda: sync.rebuilds > rebuilds, what="state rebuilt from the relist")
+    assert sync.pods.list_count == lists + 1
+    assert not placed(api, "first"), "the placement write landed before the relist: window missed"
+    assert async_extender.state.usage_snapshot()["node1"] == {"GPU-n1-0": (1, 30000, 10)}
+
+    second = create_pod(api, gpu_pod("second", mem=30000, cores=10))
+    result = await sched.filter(second, ["node1"])
+    assert not placed(api, "first"), "the placement write landed before the second filter: window missed"
+    assert result["NodeNames"] == []
+    assert result["FailedNodes"] == {"node1": "1/1 CardInsufficientMemory"}
+
+    await eventually(lambda: placed(api, "first"), timeout_s=WRITE_DELAY_S + 5, what="first placement written")
+    assert await sched.bind(first, "node1") == {"Error": ""}
+    assert async_extender.state.usage_snapshot()["node1"] == {"GPU-n1-0": (1, 30000, 10)}
