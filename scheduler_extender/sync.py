@@ -28,8 +28,8 @@ from hami.annotations import ASSIGNED_NODE as NODE_ASSIGNED
 from hami.annotations import NODE_LOCK
 from hami.cluster import ClusterState
 from hami.errors import HamiError
-from hami.kube import KubeClient, Reflector
 from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
+from hami.kube import KubeClient, Reflector
 
 log = logging.getLogger(__name__)
 
