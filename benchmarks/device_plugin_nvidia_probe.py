@@ -1,6 +1,6 @@
 """Run the real device plugin with the `nvidia` backend against the fake kubelet and the fake API server.
 
-For the GPU machine (issue 5, "On a real GPU"): one command that starts `hami.testing.apiserver` with a
+For the GPU machine (issue 5, "On a real GPU"): one command that starts `kubefakes.apiserver` with a
 Node object, the fake kubelet on a temp socket dir, and ``python -m device_plugin --backend nvidia`` as
 a subprocess (the production entry point), then prints
 
@@ -32,8 +32,8 @@ from hami import annotations as ann  # noqa: E402
 from hami.kube import KubeClient  # noqa: E402
 from hami.model import ContainerDevice  # noqa: E402
 from hami.nodelock import lock_node  # noqa: E402
-from hami.testing.apiserver import FakeApiServer  # noqa: E402
-from tests.fakes.kubelet import FakeKubelet  # noqa: E402
+from kubefakes.apiserver import FakeApiServer  # noqa: E402
+from kubefakes.kubelet import FakeKubelet  # noqa: E402
 
 NODE = "probe-node"
 RESOURCE = "nvidia.com/gpu"

@@ -1,6 +1,6 @@
 """Filter latency and filter+bind throughput of the scheduler extender on the openb cluster (1213 GPU nodes).
 
-Setup: the in-memory API server (`hami.testing.apiserver`) runs in this process and gets the 1213 nodes of
+Setup: the in-memory API server (`kubefakes.apiserver`) runs in this process and gets the 1213 nodes of
 ../shared/data/alibaba-gpu-v2023/openb_node_list_gpu_node.csv, each registered as HAMi's NVIDIA device
 plugin would (cards ``NVIDIA-<model>`` with the MiB of the data's README, split count 10, allocatable
 ``nvidia.com/gpu``, a fresh handshake). The extender runs as its own process (`python -m scheduler_extender`,
@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from hami import annotations as A  # noqa: E402
 from hami.config import DeviceConfig  # noqa: E402
 from hami.simulate.openb import load_nodes, load_pods  # noqa: E402
-from hami.testing.apiserver import FakeApiServer  # noqa: E402
+from kubefakes.apiserver import FakeApiServer  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
 
@@ -328,7 +328,7 @@ def breakdown(candidates: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kubeconfig = Path(tmp) / "kubeconfig"
         server = subprocess.Popen(
-            [sys.executable, "-m", "hami.testing.apiserver", "--port", "0", "--kubeconfig-out", str(kubeconfig)],
+            [sys.executable, "-m", "kubefakes.apiserver", "--port", "0", "--kubeconfig-out", str(kubeconfig)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:

@@ -1,5 +1,5 @@
-"""``python -m hami.testing``: the in-memory API server (same flags as ``python -m hami.testing.apiserver``)."""
+"""Deprecated: ``python -m kubefakes.apiserver`` (same flags)."""
 
-from hami.testing.apiserver import main
+from kubefakes.apiserver import main
 
 raise SystemExit(main())

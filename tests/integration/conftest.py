@@ -1,20 +1,15 @@
-"""Fixtures shared by the integration tests (a module's own fixtures of the same name take precedence)."""
+"""Fixtures shared by the integration tests (a module's own fixtures of the same name take precedence).
+
+The API server fixtures (`fake_apiserver`, `kubeconfig`, `kube_client`) are registered suite-wide by
+``tests/conftest.py`` from `kubefakes.pytest_plugin`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-
-from hami.testing.apiserver import FakeApiServer
-from tests.integration.extender_harness import api_server
-
-
-@pytest.fixture
-def fake_apiserver() -> Iterator[FakeApiServer]:
-    """A fresh in-memory API server (see `extender_harness.api_server`)."""
-    yield from api_server()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Shared pieces of the extender integration tests (no tests here): the real extender started on
-127.0.0.1:0 against `hami.testing.apiserver`, a kube-scheduler-shaped HTTP client, and object builders.
+127.0.0.1:0 against `kubefakes.apiserver` and a kube-scheduler-shaped HTTP client (object builders: `tests.builders`).
 
 The client sends exactly what kube-scheduler's HTTPExtender sends (k8s-protocols §1.1/§1.5/§1.6):
 POST of Go-marshalled structs with PascalCase keys and explicit nulls, the Pod as the scheduler's
@@ -11,74 +11,25 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
 from hami import annotations as A
 from hami.model import Device
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
 from scheduler_extender.cli import Server, parse_args
+from tests import builders
 
-UUID_A = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
-UUID_B = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
-V100 = "NVIDIA-Tesla V100-PCIE-32GB"
+# Builders moved to `tests.builders`; these names stay importable from here until every importer
+# uses `tests.builders` (`cards` here keeps this module's old default of two cards and `split`).
+from tests.builders import UUID_A, UUID_B, V100, gpu_node, gpu_pod  # noqa: E402,F401
 
 
 def cards(prefix: str, n: int = 2, *, mem: int = 32768, split: int = 10, type_: str = V100) -> list[Device]:
-    """`n` cards ``GPU-<prefix>-<i>`` of `mem` MiB (index i, numa 0)."""
-    return [Device(f"GPU-{prefix}-{i}", i, split, mem, 100, type_) for i in range(n)]
-
-
-def gpu_node(
-    name: str, devices: Sequence[Device], *, extra: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """A Node registered by the NVIDIA device plugin: registration annotation + allocatable nvidia.com/gpu."""
-    slots = sum(d.count for d in devices)
-    res = {"cpu": "64", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": str(slots)}
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"kubernetes.io/hostname": name},
-            "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(devices), **(extra or {})},
-        },
-        "spec": {},
-        "status": {"capacity": res, "allocatable": res, "conditions": [{"type": "Ready", "status": "True"}]},
-    }
-
-
-def gpu_pod(
-    name: str,
-    namespace: str = "default",
-    *,
-    gpus: int = 1,
-    mem: int | None = 8000,
-    cores: int | None = 10,
-    scheduler: str = "hami-scheduler",
-    annotations: Mapping[str, str] | None = None,
-    containers: int = 1,
-) -> dict[str, Any]:
-    """A pod whose containers each ask `gpus` cards of `mem` MiB and `cores` percent (webhook already ran)."""
-    limits: dict[str, str] = {"nvidia.com/gpu": str(gpus)} if gpus else {}
-    if gpus and mem is not None:
-        limits["nvidia.com/gpumem"] = str(mem)
-    if gpus and cores is not None:
-        limits["nvidia.com/gpucores"] = str(cores)
-    return {
-        "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
-        "spec": {
-            "schedulerName": scheduler,
-            "containers": [
-                {
-                    "name": f"c{i}",
-                    "image": "cuda",
-                    "resources": {"limits": dict(limits), "requests": dict(limits)},
-                }
-                for i in range(containers)
-            ],
-        },
-    }
+    """Deprecated here: `tests.builders.cards` (whose default is four cards)."""
+    return builders.cards(prefix, n, mem=mem, count=split, type=type_)
 
 
 def informer_view(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -88,15 +39,6 @@ def informer_view(obj: Mapping[str, Any]) -> dict[str, Any]:
     out.pop("kind", None)
     out.get("metadata", {}).pop("managedFields", None)
     return out
-
-
-def api_server() -> Iterator[FakeApiServer]:
-    """A fresh in-memory API server for one test (body of a pytest fixture)."""
-    server = FakeApiServer(bookmark_interval_s=0.2).start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def start_extender(api: FakeApiServer, *flags: str) -> Server:

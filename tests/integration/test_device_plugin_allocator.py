@@ -29,8 +29,8 @@ from hami.errors import NodeLockContention
 from hami.kube import KubeClient
 from hami.model import ContainerDevice
 from hami.nodelock import lock_node
-from hami.testing.apiserver import FakeApiServer
-from tests.fakes.kubelet import AdmissionError, FakeKubelet, env_of, mounts_of
+from kubefakes.apiserver import FakeApiServer
+from kubefakes.kubelet import AdmissionError, FakeKubelet, env_of, mounts_of
 
 RESOURCE = "nvidia.com/gpu"
 NODE = "node1"

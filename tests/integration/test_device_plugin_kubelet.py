@@ -14,7 +14,7 @@ import yaml
 
 from device_plugin.app import DevicePluginApp, PluginOptions
 from device_plugin.backends.fake import FakeBackend
-from tests.fakes.kubelet import FakeKubelet
+from kubefakes.kubelet import FakeKubelet
 
 RESOURCE = "nvidia.com/gpu"
 CARDS = [
@@ -179,7 +179,7 @@ async def test_without_api_server_allocate_refuses_with_reason(kubelet, cards_fi
     app = await start_plugin(kubelet, cards_file)
     try:
         await kubelet.wait_registered(RESOURCE)
-        from tests.fakes.kubelet import AdmissionError
+        from kubefakes.kubelet import AdmissionError
 
         with pytest.raises(AdmissionError, match="runs without an API server connection"):
             await kubelet.admit_container(RESOURCE, 1)

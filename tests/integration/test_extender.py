@@ -13,19 +13,9 @@ import pytest
 
 from hami import annotations as A
 from hami.model import Device
-from hami.testing.apiserver import FakeApiServer
-from tests.integration.extender_harness import (
-    UUID_A,
-    UUID_B,
-    V100,
-    Scheduler,
-    create_pod,
-    eventually,
-    gpu_node,
-    gpu_pod,
-    start_extender,
-    wait_ready,
-)
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import UUID_A, UUID_B, V100, gpu_node, gpu_pod
+from tests.integration.extender_harness import Scheduler, create_pod, eventually, start_extender, wait_ready
 
 V100_CARDS = [Device(UUID_A, 0, 10, 32768, 100, V100), Device(UUID_B, 1, 10, 32768, 100, V100, numa=1)]
 

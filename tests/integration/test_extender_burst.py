@@ -18,15 +18,13 @@ import aiohttp
 import pytest
 
 from hami import annotations as A
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import cards, gpu_node, gpu_pod
 from tests.integration.extender_harness import (
     Scheduler,
-    cards,
     create_pod,
     dp_allocated,
     eventually,
-    gpu_node,
-    gpu_pod,
     start_extender,
     wait_ready,
 )
@@ -67,7 +65,7 @@ async def test_concurrent_filters_and_binds_never_overcommit_a_card(
 ) -> None:
     api = fake_apiserver
     for i in range(NODES):
-        api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}", mem=CARD_MEM, split=SPLIT)))
+        api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}", 2, mem=CARD_MEM, count=SPLIT)))
     server = await start_extender(api)
     await wait_ready(server)
     rng = random.Random(seed)

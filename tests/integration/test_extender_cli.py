@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
 from scheduler_extender.cli import duration, parse_args
-from tests.integration.extender_harness import cards, gpu_node
+from tests.builders import cards, gpu_node
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +59,7 @@ def test_tls_flags_go_together(capsys) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_the_process_serves_and_stops_cleanly(fake_apiserver: FakeApiServer) -> None:
-    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1")))
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 2)))
     proc = subprocess.Popen(
         [sys.executable, "-m", "scheduler_extender", "--kubeconfig", str(fake_apiserver.kubeconfig_path),
          "--address", "127.0.0.1", "--port", "0", "--scheduler-name", "my-sched"],

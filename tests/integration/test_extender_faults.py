@@ -11,15 +11,13 @@ import asyncio
 import pytest
 
 from hami import annotations as A
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import cards, gpu_node, gpu_pod
 from tests.integration.extender_harness import (
     Scheduler,
-    cards,
     create_pod,
     dp_allocated,
     eventually,
-    gpu_node,
-    gpu_pod,
     start_extender,
     wait_ready,
 )
@@ -27,8 +25,8 @@ from tests.integration.extender_harness import (
 
 @pytest.fixture
 async def extender(fake_apiserver: FakeApiServer):
-    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1")))
-    fake_apiserver.store.create("nodes", gpu_node("node2", cards("n2")))
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 2)))
+    fake_apiserver.store.create("nodes", gpu_node("node2", cards("n2", 2)))
     server = await start_extender(fake_apiserver)
     await wait_ready(server)
     try:
@@ -267,14 +265,14 @@ async def test_dropped_and_expired_watches_are_recovered(fake_apiserver, extende
     sync = extender.runtime.sync
     lists_before = sync.nodes.list_count
     assert api.drop_watches(abrupt=True) >= 3
-    api.store.create("nodes", gpu_node("node3", cards("n3")))
+    api.store.create("nodes", gpu_node("node3", cards("n3", 2)))
     await eventually(lambda: "node3" in extender.state.node_names(), what="node3 after reconnect")
     # A watch that comes back with a too-old resourceVersion relists (410) and rebuilds the state.
     await eventually(lambda: api.open_watch_count("nodes") >= 1, what="node watch reopened")
     api.compact()
     api.store.delete("nodes", "node2")
     api.drop_watches()
-    api.store.create("nodes", gpu_node("node4", cards("n4")))
+    api.store.create("nodes", gpu_node("node4", cards("n4", 2)))
     await eventually(lambda: "node4" in extender.state.node_names(), what="node4")
     assert "node2" not in extender.state.node_names()
     pod = create_pod(api, gpu_pod("after", mem=1000, cores=10))
@@ -340,7 +338,7 @@ async def test_a_placed_pod_that_now_fits_nowhere_loses_its_stale_allocation(
 
 @pytest.fixture
 async def async_extender(fake_apiserver: FakeApiServer):
-    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1")))
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 2)))
     server = await start_extender(fake_apiserver, "--async-record")
     await wait_ready(server)
     try:

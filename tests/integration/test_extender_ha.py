@@ -10,15 +10,13 @@ import asyncio
 import pytest
 
 from hami import annotations as A
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import cards, gpu_node, gpu_pod
 from tests.integration.extender_harness import (
     Scheduler,
-    cards,
     create_pod,
     dp_allocated,
     eventually,
-    gpu_node,
-    gpu_pod,
     start_extender,
     wait_ready,
 )
@@ -45,7 +43,7 @@ async def place(api: FakeApiServer, sched: Scheduler, name: str, nodes: list[str
 async def test_restart_with_pods_in_every_bind_phase_rebuilds_the_same_state(fake_apiserver, session) -> None:
     api = fake_apiserver
     for i in range(3):
-        api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}", mem=16384)))
+        api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}", 2, mem=16384)))
     api.store.create(
         "resourcequotas",
         {
@@ -110,7 +108,7 @@ async def test_restart_with_pods_in_every_bind_phase_rebuilds_the_same_state(fak
 async def test_leader_failover(fake_apiserver, session, graceful: bool) -> None:
     api = fake_apiserver
     for i in range(2):
-        api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}")))
+        api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}", 2)))
     flags = ["--leader-elect", "--leader-elect-resource-namespace", "default",
              "--leader-elect-lease-duration", "3s", "--leader-elect-renew-deadline", "2s",
              "--leader-elect-retry-period", "200ms"]  # fmt: skip

@@ -7,28 +7,20 @@ from __future__ import annotations
 import asyncio
 
 from hami import annotations as A
-from hami.testing.apiserver import FakeApiServer
-from tests.integration.extender_harness import (
-    Scheduler,
-    cards,
-    create_pod,
-    eventually,
-    gpu_node,
-    gpu_pod,
-    start_extender,
-    wait_ready,
-)
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import cards, gpu_node, gpu_pod
+from tests.integration.extender_harness import Scheduler, create_pod, eventually, start_extender, wait_ready
 
 
 async def test_handshakes_and_malformed_registrations(fake_apiserver: FakeApiServer, session) -> None:
     api = fake_apiserver
     api.store.create(
-        "nodes", gpu_node("stale", cards("s"), extra={A.NVIDIA_HANDSHAKE: "Deleted_2024-01-01 00:00:00"})
+        "nodes", gpu_node("stale", cards("s", 2), extra={A.NVIDIA_HANDSHAKE: "Deleted_2024-01-01 00:00:00"})
     )
-    dead = gpu_node("dead", cards("d"), extra={A.NVIDIA_HANDSHAKE: "Requesting_2024-01-01 00:00:00"})
+    dead = gpu_node("dead", cards("d", 2), extra={A.NVIDIA_HANDSHAKE: "Requesting_2024-01-01 00:00:00"})
     del dead["status"]["allocatable"]["nvidia.com/gpu"]
     api.store.create("nodes", dead)
-    broken = gpu_node("broken", cards("b"))
+    broken = gpu_node("broken", cards("b", 2))
     broken["metadata"]["annotations"][A.NVIDIA_REGISTER] = '[{"id": "GPU-x", "devmem": "lots"}]'
     api.store.create("nodes", broken)
     server = await start_extender(api)

@@ -1,9 +1,6 @@
 """hami.kube against the in-memory API server: plain-dict calls, retry policy, binding, events,
 the reflector (relist on 410, reconnect after a dropped watch) and leader election."""
 
-# The fixtures are imported by name, so the test parameters shadow them on purpose.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import threading
@@ -14,8 +11,8 @@ import pytest
 
 from hami.errors import Conflict, InvalidRequest, NotFound
 from hami.kube import ApiError, KubeClient, LeaderElector, Reflector, ResourceExpired
-from hami.testing.apiserver import FakeApiServer
-from tests.fakes.apiserver import fake_apiserver, kube_client, kubeconfig, make_node, make_pod  # noqa: F401
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import make_node, make_pod
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:

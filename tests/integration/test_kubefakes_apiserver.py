@@ -4,9 +4,6 @@ Each test states the real kube-apiserver behaviour it checks; the Status bodies 
 shapes kube-apiserver answers.
 """
 
-# The fixtures are imported by name, so the test parameters shadow them on purpose.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import json
@@ -22,8 +19,8 @@ import pytest
 import urllib3
 from kubernetes import client, config, watch
 
-from hami.testing.apiserver import FakeApiServer
-from tests.fakes.apiserver import fake_apiserver, kubeconfig, make_node, make_pod  # noqa: F401
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import make_node, make_pod
 
 MERGE = "application/merge-patch+json"
 
@@ -485,7 +482,7 @@ def test_command_line_seeds_serves_and_takes_control_requests(tmp_path) -> None:
         [
             sys.executable,
             "-m",
-            "hami.testing.apiserver",
+            "kubefakes.apiserver",
             "--port",
             "0",
             "--kubeconfig-out",

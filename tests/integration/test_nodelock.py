@@ -1,8 +1,5 @@
 """The node lock protocol (``hami.io/mutex.lock``) over the in-memory API server."""
 
-# The fixtures are imported by name, so the test parameters shadow them on purpose.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import re
@@ -16,8 +13,8 @@ from hami.annotations import NODE_LOCK, NodeLock, decode_node_lock, encode_node_
 from hami.errors import NodeLockContention, NotFound
 from hami.kube import KubeClient
 from hami.nodelock import lock_node, read_node_lock, release_node_lock
-from hami.testing.apiserver import FakeApiServer
-from tests.fakes.apiserver import fake_apiserver, kube_client, kubeconfig, make_node, make_pod  # noqa: F401
+from kubefakes.apiserver import FakeApiServer
+from tests.builders import make_node, make_pod
 
 RFC3339 = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(Z|[+-]\d\d:\d\d)"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
 from webhook import cli
 from webhook.devcerts import make_ca, make_server_cert, write_pair
 

@@ -18,7 +18,7 @@ from hami.fit import ContainerKind, ContainerSpec, NodeView, collapse_grants, fi
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors
-from tests.unit.corehelpers import cards, ctr, node, pod
+from tests.builders import cards, ctr, node, pod
 
 GPU_A = "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"
 

@@ -6,7 +6,7 @@ from hami.model import PERCENTAGE_UNSET, ContainerRequest, Device
 from hami.quota import QuotaState, pod_demand
 from hami.vendors import build_vendors
 from hami.vendors.nvidia import NvidiaVendor, model_type
-from tests.unit.corehelpers import ctr
+from tests.builders import ctr
 
 NV = NvidiaVendor()
 

@@ -7,7 +7,7 @@ from hami.fit import ContainerKind, ContainerSpec, NodeFit, NodeView, Reason, co
 from hami.model import ContainerDevice, ContainerRequest, DeviceUsage, Selection
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors
-from tests.unit.corehelpers import cards, ctr, node, pod
+from tests.builders import cards, ctr, node, pod
 
 VENDORS = build_vendors()
 SPREAD = PolicyChoice(node=NodePolicy.BINPACK, cards=(CardPolicy.SPREAD,))

@@ -1,6 +1,6 @@
 """The three Kubernetes patch formats, applied to plain JSON values, for the in-memory API server.
 
-Why here and not a library: the fake API server (`hami.testing.apiserver`) must answer patches the way
+Why here and not a library: the fake API server (`kubefakes.apiserver`) must answer patches the way
 kube-apiserver does, including its error classes (a failed JSON-patch ``test`` is 422 Invalid, an
 undecodable body is 400 BadRequest), and the installed package should not need test-only
 dependencies. Supported:

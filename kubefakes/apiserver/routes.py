@@ -1,0 +1,495 @@
+"""The HTTP layer: URL parsing, discovery, and the verbs mapped onto the store.
+
+A mixin of `FakeApiServer` (which holds the store, the faults and the watch settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import bisect
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from kubefakes.apiserver.faults import Fault, fault_status
+from kubefakes.apiserver.resources import (
+    BY_GROUP,
+    JSON,
+    ResourceInfo,
+    object_meta,
+    with_type,
+)
+from kubefakes.apiserver.selectors import (
+    SelectorError,
+    compile_matcher,
+    parse_field_selector,
+    parse_label_selector,
+)
+from kubefakes.apiserver.status import (
+    ApiStatusError,
+    bad_request,
+    method_not_allowed,
+    status_body,
+    status_details,
+)
+from kubefakes.apiserver.store import Table
+from kubefakes.apiserver.watchers import ABORT_WATCH, CLOSE_WATCH
+
+if TYPE_CHECKING:
+    from kubefakes.apiserver.faults import FaultInjector
+    from kubefakes.apiserver.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Route:
+    info: ResourceInfo | None
+    namespace: str | None  # None: all namespaces / cluster scope
+    name: str
+    subresource: str
+    watch_prefix: bool = False
+
+
+def _parse_path(path: str) -> _Route | None:
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api" and parts[1] == "v1":
+        group, version, rest = "", "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return None
+    resources = BY_GROUP.get((group, version))
+    if resources is None or not rest:
+        return None
+    watch_prefix = False
+    if rest[0] == "watch":
+        watch_prefix, rest = True, rest[1:]
+    if (
+        len(rest) >= 3
+        and rest[0] == "namespaces"
+        and (rest[2] in resources or (group == "" and rest[2] == "bindings"))
+    ):
+        ns, rest = rest[1], rest[2:]
+        if rest[0] == "bindings" and len(rest) == 1:
+            return _Route(None, ns, "", "bindings")
+        info = resources[rest[0]]
+        if not info.namespaced or len(rest) > 3:
+            return None
+        return _Route(
+            info, ns, rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else "", watch_prefix
+        )
+    info = resources.get(rest[0])
+    if info is None or len(rest) > 3:
+        return None
+    if info.namespaced and len(rest) > 1:
+        return None
+    return _Route(
+        info, None, rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else "", watch_prefix
+    )
+
+
+def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(body=json.dumps(body).encode(), status=status, content_type=JSON, headers=headers)
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1")
+
+
+class ApiRoutes:
+    """Request handlers of `FakeApiServer`; the attributes below are set by its ``__init__``."""
+
+    store: Store
+    faults: FaultInjector
+    bookmark_interval_s: float
+    default_watch_timeout_s: float
+    request_count: int
+    _tasks: set[asyncio.Task[Any]]
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.request_count += 1
+        try:
+            return await self._dispatch(request)
+        except ApiStatusError as e:
+            return _json_response(e.body, e.code, e.headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fake server bug must answer 500, not hang the client
+            log.exception("fake apiserver: %s %s failed", request.method, request.path)
+            return _json_response(status_body(500, f"Internal error occurred: {e}"), 500)
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path in ("/healthz", "/readyz", "/livez"):
+            return web.Response(text="ok")
+        if path.startswith("/_fake/"):
+            return await self._control(request)
+        if path == "/version":
+            return _json_response(
+                {"major": "1", "minor": "33", "gitVersion": "v1.33.0-hami-fake", "platform": "linux/amd64"}
+            )
+        if path == "/api":
+            return _json_response(
+                {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+            )
+        if path == "/apis":
+            return _json_response(
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [
+                        {
+                            "name": g,
+                            "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                            "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v},
+                        }
+                        for (g, v) in BY_GROUP
+                        if g
+                    ],
+                }
+            )
+        route = _parse_path(path)
+        if route is None:
+            return self._discovery(path) or _json_response(
+                status_body(404, "the server could not find the requested resource", details={}), 404
+            )
+        q = request.query
+        method = request.method
+        watch = route.watch_prefix or _truthy(q.get("watch"))
+        verb = {
+            "GET": "watch" if watch else ("get" if route.name else "list"),
+            "POST": "create",
+            "PUT": "update",
+            "PATCH": "patch",
+            "DELETE": "delete" if route.name else "deletecollection",
+        }.get(method, method.lower())
+        info = route.info
+        fault = self.faults.take(
+            verb,
+            method,
+            info.plural if info else "bindings",
+            route.subresource,
+            route.name,
+            route.namespace or "",
+            path,
+        )
+        if fault is not None:
+            if fault.delay_s:
+                await asyncio.sleep(fault.delay_s)
+            if fault.hang_s is not None:
+                await asyncio.sleep(fault.hang_s)
+                raise ApiStatusError(
+                    504, status_body(504, "Timeout: request did not complete within requested timeout")
+                )
+            if fault.status is not None:
+                raise fault_status(fault, info, route.name)
+        dry_run = q.get("dryRun") == "All"
+        if info is None:  # POST /api/v1/namespaces/{ns}/bindings
+            if method != "POST":
+                raise method_not_allowed()
+            body = await self._body(request)
+            name = ((body or {}).get("metadata") or {}).get("name", "") if isinstance(body, dict) else ""
+            self.store.do_bind(route.namespace or "default", name, body, dry_run)
+            return _json_response(
+                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+            )
+        table = self.store._tables[info.plural]
+        ns = (route.namespace or "default") if info.namespaced else ""
+        sub = route.subresource
+        if (
+            sub
+            and not (sub == "status" and info.status_subresource)
+            and not (sub == "binding" and info.plural == "pods")
+        ):
+            raise ApiStatusError(
+                404, status_body(404, "the server could not find the requested resource", details={})
+            )
+        if not route.name:
+            if method == "GET":
+                if watch:
+                    return await self._watch(request, table, route.namespace if info.namespaced else None)
+                return self._list(table, route.namespace if info.namespaced else None, q)
+            if method == "POST":
+                if info.namespaced and route.namespace is None:
+                    raise method_not_allowed()
+                return _json_response(
+                    self.store.do_create(table, ns, await self._body(request), dry_run=dry_run), 201
+                )
+            raise method_not_allowed()
+        if sub == "binding":
+            if method != "POST":
+                raise method_not_allowed()
+            self.store.do_bind(ns, route.name, await self._body(request), dry_run)
+            return _json_response(
+                {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, 201
+            )
+        if method == "GET":
+            return _json_response(with_type(info, self.store.get_object(table, ns, route.name)))
+        if method == "PUT":
+            body = await self._body(request)
+            return _json_response(self.store.do_update(table, ns, route.name, body, sub or None, dry_run))
+        if method == "PATCH":
+            ctype = request.content_type
+            body = await self._body(request)
+            return _json_response(
+                self.store.do_patch(table, ns, route.name, body, ctype, sub or None, dry_run)
+            )
+        if method == "DELETE":
+            options = await self._body(request, optional=True)
+            if "gracePeriodSeconds" in q:
+                options = {**(options or {}), "gracePeriodSeconds": int(q["gracePeriodSeconds"])}
+            obj = self.store.do_delete(table, ns, route.name, options, dry_run)
+            if info.plural in ("pods", "namespaces"):
+                return _json_response(obj)
+            details = status_details(info, route.name, uid=object_meta(obj).get("uid"))
+            return _json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": details,
+                }
+            )
+        raise method_not_allowed()
+
+    async def _control(self, request: web.Request) -> web.Response:
+        """Test hooks over HTTP, for a server running in another process (not part of the Kubernetes API).
+
+        ``POST /_fake/objects`` (an object with ``kind``, or a list: created as-is, status kept),
+        ``POST /_fake/faults`` (`Fault` fields as JSON), ``DELETE /_fake/faults``,
+        ``POST /_fake/drop-watches[?abrupt=true]``, ``POST /_fake/compact``.
+        """
+        path, method = request.path, request.method
+        if path == "/_fake/objects" and method == "POST":
+            body = await self._body(request)
+            try:
+                created = [self.store.create_any(o) for o in (body if isinstance(body, list) else [body])]
+            except (ValueError, AttributeError) as e:
+                raise bad_request(f"objects: {e}") from None
+            return _json_response({"created": len(created)}, 201)
+        if path == "/_fake/faults" and method == "POST":
+            body = await self._body(request)
+            try:
+                fault = Fault(**{k: v for k, v in body.items() if k != "hits"})
+            except TypeError as e:
+                raise bad_request(f"fault: {e}") from None
+            self.faults.add(fault)
+            return _json_response({"added": 1}, 201)
+        if path == "/_fake/faults" and method == "DELETE":
+            self.faults.clear()
+            return _json_response({"cleared": True})
+        if path == "/_fake/drop-watches" and method == "POST":
+            watchers = self.store.all_watchers()
+            marker = ABORT_WATCH if _truthy(request.query.get("abrupt")) else CLOSE_WATCH
+            for w in watchers:
+                w.queue.put_nowait(marker)
+            return _json_response({"dropped": len(watchers)})
+        if path == "/_fake/compact" and method == "POST":
+            self.store.compact()
+            return _json_response({"compacted": True})
+        raise ApiStatusError(404, status_body(404, f"no fake control endpoint {method} {path}", details={}))
+
+    @staticmethod
+    async def _body(request: web.Request, *, optional: bool = False) -> Any:
+        raw = await request.read()
+        if not raw:
+            if optional:
+                return None
+            raise bad_request("the body of the request is empty")
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise bad_request(f"error decoding request body: {e}") from None
+
+    @staticmethod
+    def _discovery(path: str) -> web.Response | None:
+        parts = [p for p in path.split("/") if p]
+        if parts == ["api", "v1"]:
+            group, version = "", "v1"
+        elif len(parts) == 3 and parts[0] == "apis":
+            group, version = parts[1], parts[2]
+        else:
+            return None
+        resources = BY_GROUP.get((group, version))
+        if resources is None:
+            return None
+        return _json_response(
+            {
+                "kind": "APIResourceList",
+                "groupVersion": f"{group}/{version}" if group else version,
+                "resources": [
+                    {
+                        "name": r.plural,
+                        "singularName": r.kind.lower(),
+                        "namespaced": r.namespaced,
+                        "kind": r.kind,
+                        "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                    }
+                    for r in resources.values()
+                ],
+            }
+        )
+
+    def _list(self, table: Table, namespace: str | None, q: Mapping[str, str]) -> web.Response:
+        info = table.info
+        try:
+            items, rv = self.store.list_objects(
+                info.plural,
+                namespace=namespace,
+                label_selector=q.get("labelSelector"),
+                field_selector=q.get("fieldSelector"),
+            )
+        except SelectorError as e:
+            raise bad_request(str(e)) from None
+        wanted = q.get("resourceVersion")
+        if wanted not in (None, "", "0"):
+            try:
+                wanted_rv = int(wanted)
+            except ValueError:
+                raise bad_request(f'invalid resource version "{wanted}"') from None
+            if wanted_rv > rv:
+                raise ApiStatusError(
+                    504,
+                    status_body(
+                        504,
+                        f"Too large resource version: {wanted_rv}, current: {rv}",
+                        reason="Timeout",
+                        details={
+                            "causes": [
+                                {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                            ],
+                            "retryAfterSeconds": 1,
+                        },
+                    ),
+                )
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        limit = int(q.get("limit") or 0)
+        cont = q.get("continue")
+        if cont:
+            try:
+                token = json.loads(base64.b64decode(cont))
+                after = (token["ns"], token["name"])
+                meta["resourceVersion"] = str(token["rv"])
+            except (ValueError, KeyError, TypeError):
+                raise bad_request(f"invalid continue token: {cont!r}") from None
+            keys = [(object_meta(o).get("namespace", ""), object_meta(o).get("name", "")) for o in items]
+            items = items[bisect.bisect_right(keys, after) :]
+        if limit and len(items) > limit:
+            items = items[:limit]
+            last = object_meta(items[-1])
+            token = {
+                "rv": int(meta["resourceVersion"]),
+                "ns": last.get("namespace", ""),
+                "name": last.get("name", ""),
+            }
+            meta["continue"] = base64.b64encode(json.dumps(token).encode()).decode()
+            meta["remainingItemCount"] = 0  # not tracked precisely
+        body = {"kind": f"{info.kind}List", "apiVersion": info.api_version, "metadata": meta, "items": items}
+        return _json_response(body)
+
+    async def _watch(self, request: web.Request, table: Table, namespace: str | None) -> web.StreamResponse:
+        q = request.query
+        info = table.info
+        try:
+            matcher = compile_matcher(
+                parse_label_selector(q.get("labelSelector")),
+                parse_field_selector(q.get("fieldSelector"), info.field_labels),
+            )
+        except SelectorError as e:
+            raise bad_request(str(e)) from None
+        timeout = float(q.get("timeoutSeconds") or self.default_watch_timeout_s)
+        bookmarks = _truthy(q.get("allowWatchBookmarks"))
+        send_initial = _truthy(q.get("sendInitialEvents"))
+        resp = web.StreamResponse(status=200, headers={"Content-Type": JSON})
+        resp.enable_chunked_encoding()
+        try:
+            watcher, lines = self.store.open_watch(
+                table, namespace, matcher, q.get("resourceVersion"), send_initial
+            )
+        except ApiStatusError as e:
+            if e.code != 410:
+                raise
+            # The real server answers 200 and sends the expiry as an ERROR event on the stream.
+            await resp.prepare(request)
+            await resp.write(json.dumps({"type": "ERROR", "object": e.body}).encode() + b"\n")
+            await resp.write_eof()
+            return resp
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            await resp.prepare(request)
+            if lines:
+                await resp.write(b"".join(lines))
+            if send_initial and bookmarks:
+                mark = {
+                    "kind": info.kind,
+                    "apiVersion": info.api_version,
+                    "metadata": {
+                        "resourceVersion": str(watcher.start_rv),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                }
+                await resp.write(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            next_bookmark = loop.time() + self.bookmark_interval_s
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    break
+                wait = deadline - now
+                if bookmarks:
+                    wait = min(wait, max(0.0, next_bookmark - now))
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                except TimeoutError:
+                    if bookmarks and loop.time() >= next_bookmark:
+                        rv = self.store.bookmark_rv(table)
+                        if rv is not None and watcher.queue.empty():
+                            mark = {
+                                "kind": info.kind,
+                                "apiVersion": info.api_version,
+                                "metadata": {"resourceVersion": str(rv)},
+                            }
+                            await resp.write(
+                                json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
+                            )
+                        next_bookmark = loop.time() + self.bookmark_interval_s
+                    continue
+                # Send everything queued up to a close marker in one write; what follows a marker
+                # is not sent (the connection ends there, as a real drop would).
+                payload: list[bytes] = []
+                marker = None
+                while True:
+                    if isinstance(item, bytes):
+                        payload.append(item)
+                    else:
+                        marker = item
+                        break
+                    if watcher.queue.empty():
+                        break
+                    item = watcher.queue.get_nowait()
+                if payload:
+                    await resp.write(b"".join(payload))
+                if marker is ABORT_WATCH:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return resp
+                if marker is CLOSE_WATCH:
+                    break
+            await resp.write_eof()
+        except (ConnectionResetError, ConnectionError):
+            pass
+        finally:
+            self.store.close_watch(watcher)
+            if task is not None:
+                self._tasks.discard(task)
+        return resp
