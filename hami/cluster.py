@@ -18,16 +18,18 @@ import heapq
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from hami import annotations as A
+from hami import objects, pods
 from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
-from hami.fit import ContainerKind, ContainerSpec, NodeFit, NodeView, Reason, collapse_grants, fit_pod
+from hami.fit import NodeView, fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
+from hami.pods import ContainerSpec, collapse_grants
+from hami.prefilter import CardSummary, pod_needs, prefilter
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies, node_score
 from hami.vendors import build_vendors
@@ -35,7 +37,9 @@ from hami.vendors.base import Vendor
 
 log = logging.getLogger(__name__)
 
-TERMINAL_PHASES = ("Succeeded", "Failed")
+# Kept importable from here for callers written before `hami.pods` held the pod-level rules.
+TERMINAL_PHASES = pods.TERMINAL_PHASES
+pod_container_kinds = pods.container_kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,97 +80,6 @@ class FilterOutcome:
     policy: PolicyChoice | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Summary:
-    """Per-card free capacity of one vendor's cards on a node, cached until the node's usage changes.
-
-    Lets a filter reject full nodes with the same per-card reasons as the fit (health, cordon, slots,
-    memory, cores, exclusivity) without running it; type rules are checked too. UUID, mode, mutex and
-    quota rules are left to the fit, so passing here is a necessary condition only.
-    """
-
-    cards: int
-    types: tuple[str, ...]
-    # (reason or None, free MiB, card MiB, free percent of cores, used slots, cores fully booked)
-    per_card: tuple[tuple[Reason | None, int, int, int, int, bool], ...]
-    # Verdicts by demand: most pods ask alike, and a node's summary lives until its usage changes.
-    memo: dict[_Need, str | None] = field(default_factory=dict)
-
-    @staticmethod
-    def of(devices: Sequence[Device], usage: Mapping[str, DeviceUsage], cordoned: frozenset[str]) -> _Summary:
-        rows = []
-        for d in devices:
-            u = usage.get(d.uuid) or _ZERO
-            code = None
-            if not d.health:
-                code = Reason.CARD_NOT_HEALTH
-            elif d.uuid in cordoned:
-                code = Reason.CARD_CORDONED
-            elif u.used >= d.count:
-                code = Reason.CARD_TIME_SLICING_EXHAUSTED
-            full = d.devcore != 0 and u.usedcores == d.devcore
-            rows.append((code, d.devmem - u.usedmem, d.devmem, d.devcore - u.usedcores, u.used, full))
-        return _Summary(len(devices), tuple({d.type.lower() for d in devices}), tuple(rows))
-
-
-class _Need(NamedTuple):
-    """One container's single-card demand for one vendor (for `_Summary` checks).
-
-    A NamedTuple: it is the memo key of every node summary, hashed once per node per filter.
-    """
-
-    nums: int
-    mem: int  # MiB, 0 when given as a percentage
-    pct: int  # percent of a card's memory, 0 when given in MiB
-    cores: int
-    use_types: tuple[str, ...]
-
-    def misfit(self, s: _Summary) -> str | None:
-        """The fit's reason text when too few cards of the node can take the demand, else None."""
-        try:
-            return s.memo[self]
-        except KeyError:
-            verdict = s.memo[self] = self._misfit(s)
-            return verdict
-
-    def _misfit(self, s: _Summary) -> str | None:
-        if self.use_types and not any(u in t for t in s.types for u in self.use_types):
-            return f"{s.cards}/{s.cards} CardTypeMismatch"
-        ok = 0
-        codes: list[Reason] = []
-        cores = self.cores
-        for code, free_mem, devmem, free_cores, used, full in s.per_card:
-            if code is None:
-                if free_mem < (self.mem or devmem * self.pct // 100):
-                    code = Reason.CARD_INSUFFICIENT_MEMORY
-                elif free_cores < cores:
-                    code = Reason.CARD_INSUFFICIENT_CORE
-                elif cores == 100 and used > 0:
-                    code = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-                elif full and cores == 0:
-                    code = Reason.CARD_COMPUTE_UNITS_EXHAUSTED
-                else:
-                    ok += 1
-                    continue
-            codes.append(code)
-        if ok >= self.nums:
-            return None
-        if self.nums > s.cards:
-            return NodeFit(
-                ok=False,
-                reasons=Counter({Reason.NODE_INSUFFICIENT_DEVICE: s.cards or 1}),
-                total=max(s.cards, 1),
-            ).reason_text()
-        counts: Counter[Reason] = Counter(codes)
-        if ok:
-            counts[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += ok
-        return NodeFit(ok=False, reasons=counts, total=s.cards).reason_text()
-
-
-_ZERO = DeviceUsage()
-_UNKNOWN = object()  # memo miss marker (None is a verdict: fits)
-
-
 @dataclass(slots=True)
 class _Node:
     name: str
@@ -178,7 +91,7 @@ class _Node:
     unusable: str | None = None
     pods: set[str] = field(default_factory=set)
     score: float | None = None  # cached node_score, None = stale
-    summaries: dict[str, _Summary] = field(default_factory=dict)  # per vendor, cleared on any change
+    summaries: dict[str, CardSummary] = field(default_factory=dict)  # per vendor, cleared on any change
     source: tuple[str | None, ...] | None = None  # the annotations the devices were parsed from
     problem: str | None = None  # what the registration itself says is wrong (None = fine)
 
@@ -186,10 +99,12 @@ class _Node:
         self.score = None
         self.summaries.clear()
 
-    def summary(self, vendor: str) -> _Summary:
+    def summary(self, vendor: str) -> CardSummary:
         s = self.summaries.get(vendor)
         if s is None:
-            s = self.summaries[vendor] = _Summary.of(self.devices.get(vendor, ()), self.usage, self.cordoned)
+            s = self.summaries[vendor] = CardSummary.of(
+                self.devices.get(vendor, ()), self.usage, self.cordoned
+            )
         return s
 
     def view(self) -> NodeView:
@@ -220,47 +135,6 @@ class _Pod:
     grants: tuple[CardGrant, ...]
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
-
-
-def _needs(
-    containers: Sequence[ContainerSpec], selections: Mapping[str, Selection]
-) -> dict[str, tuple[_Need, ...]]:
-    """Per vendor, the distinct single-container demands of a pod; each must fit on its own."""
-    out: dict[str, dict[_Need, None]] = {}
-    for c in containers:
-        for r in c.requests:
-            pct = r.mem_percentage if r.memreq <= 0 and r.mem_percentage <= 100 else 0
-            sel = selections.get(r.vendor)
-            # UUID, mode and nouse rules are left to the fit; they are rare and need the card list.
-            use = tuple(u.lower() for u in sel.use_types) if sel and not sel.mode else ()
-            out.setdefault(r.vendor, {})[_Need(r.nums, r.memreq, pct, min(r.coresreq, 100), use)] = None
-    return {v: tuple(d) for v, d in out.items()}
-
-
-def pod_container_kinds(pod: Mapping[str, Any]) -> list[ContainerKind]:
-    """Kinds of a pod's containers in device-list order: init (or sidecar) containers, then app containers."""
-    spec = pod.get("spec") or {}
-    kinds = [
-        ContainerKind.SIDECAR if c.get("restartPolicy") == "Always" else ContainerKind.INIT
-        for c in spec.get("initContainers") or []
-    ]
-    kinds.extend(ContainerKind.APP for _ in spec.get("containers") or [])
-    return kinds
-
-
-def _init_done(pod: Mapping[str, Any]) -> bool:
-    """All init containers (not native sidecars, which keep running) terminated with exit code 0, so
-    their usage can be released (HAMi §2.2.2)."""
-    spec = pod.get("spec") or {}
-    plain = [c.get("name") for c in spec.get("initContainers") or [] if c.get("restartPolicy") != "Always"]
-    if not plain:
-        return False
-    statuses = {s.get("name"): s for s in (pod.get("status") or {}).get("initContainerStatuses") or []}
-    for name in plain:
-        term = ((statuses.get(name) or {}).get("state") or {}).get("terminated")
-        if not term or term.get("exitCode") != 0:
-            return False
-    return True
 
 
 class ClusterState:
@@ -301,7 +175,7 @@ class ClusterState:
         Returns None when the node is usable, else the reason it is not (a malformed registration marks
         the node unusable and is logged; it never raises).
         """
-        name = (node.get("metadata") or {}).get("name", "")
+        name = objects.name(node)
         annos = A.pod_annotations(node)
         # Lock, handshake and status updates leave the registration as it was: skip the re-parse and
         # recount, which every bind's node-lock write would otherwise cost twice.
@@ -406,21 +280,18 @@ class ClusterState:
 
         Malformed allocation annotations are logged and the pod is not counted (never raises).
         """
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid", "")
-        annos = meta.get("annotations") or {}
-        spec = pod.get("spec") or {}
+        uid = objects.uid(pod)
+        annos = objects.annotations(pod)
         node = annos.get(A.ASSIGNED_NODE)
-        ours = not self.scheduler_name or spec.get("schedulerName") == self.scheduler_name
-        phase = (pod.get("status") or {}).get("phase")
+        ours = not self.scheduler_name or objects.scheduler_name(pod) == self.scheduler_name
         with self._lock:
-            if not ours or phase in TERMINAL_PHASES:
+            if not ours or pods.is_terminal(pod):
                 self._drop_record(uid)
                 return
             if not node:
                 return  # not (yet) placed by us; a reservation in flight stays
             devices: PodDevices = {}
-            kinds = pod_container_kinds(pod)
+            kinds = pods.container_kinds(pod)
             try:
                 for v in self.vendors.values():
                     if v.allocated_key in annos:
@@ -429,22 +300,11 @@ class ClusterState:
                             A.decode_pod_devices(annos[v.allocated_key]), len(kinds)
                         )
             except AnnotationError as e:
-                log.warning(
-                    "pod %s/%s: not counted, malformed allocation: %s",
-                    meta.get("namespace"),
-                    meta.get("name"),
-                    e,
-                )
+                log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
                 return
-            if _init_done(pod):
+            if pods.init_done(pod):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.
-                devices = {
-                    v: [
-                        c if i >= len(kinds) or kinds[i] is not ContainerKind.INIT else []
-                        for i, c in enumerate(lst)
-                    ]
-                    for v, lst in devices.items()
-                }
+                devices = pods.without_finished_init(devices, kinds)
             grants = tuple(collapse_grants(devices, kinds))
             old = self._pods.get(uid)
             if old is not None and old.node == node and old.grants == grants:
@@ -454,8 +314,8 @@ class ClusterState:
             self._add_record(
                 _Pod(
                     uid,
-                    meta.get("namespace", "default"),
-                    meta.get("name", ""),
+                    objects.namespace(pod),
+                    objects.name(pod),
                     node,
                     grants,
                     False,
@@ -493,15 +353,7 @@ class ClusterState:
 
     def pod_requests(self, pod: Mapping[str, Any]) -> list[ContainerSpec]:
         """Per container (init first) its device requests. Raises InvalidRequest for bad quantities."""
-        spec = pod.get("spec") or {}
-        kinds = pod_container_kinds(pod)
-        out = []
-        for kind, c in zip(
-            kinds, [*(spec.get("initContainers") or []), *(spec.get("containers") or [])], strict=True
-        ):
-            reqs = tuple(r for v in self.vendors.values() if (r := v.container_request(c)) is not None)
-            out.append(ContainerSpec(name=c.get("name", ""), kind=kind, requests=reqs))
-        return out
+        return pods.requests(pod, self.vendors)
 
     def filter(
         self,
@@ -521,9 +373,8 @@ class ClusterState:
         A retried filter for the same pod UID first drops its earlier reservation. Never raises for a
         bad pod: the problem is in `error`.
         """
-        meta = pod.get("metadata") or {}
-        uid, ns = meta.get("uid", ""), meta.get("namespace", "default")
-        annos = meta.get("annotations") or {}
+        uid, ns = objects.uid(pod), objects.namespace(pod)
+        annos = objects.annotations(pod)
         try:
             containers = self.pod_requests(pod)
             if not any(c.requests for c in containers):
@@ -531,7 +382,7 @@ class ClusterState:
             wanted = {r.vendor for c in containers for r in c.requests}
             selections: dict[str, Selection] = {v: self.vendors[v].selection(annos) for v in wanted}
         except InvalidRequest as e:
-            return FilterOutcome(error=f"pod {ns}/{meta.get('name')}: {e}")
+            return FilterOutcome(error=f"pod {ns}/{objects.meta(pod).get('name')}: {e}")
         sched = self.config.scheduler
         policy = choose_policies(
             annos, node_default=sched.nodeSchedulerPolicy, card_default=sched.gpuSchedulerPolicy
@@ -540,7 +391,7 @@ class ClusterState:
         with self._lock:
             self._drop_record(uid)
             failed = out.failed_nodes
-            candidates = self._prefilter(node_names, _needs(containers, selections), failed)
+            candidates = prefilter(self._nodes, node_names, pod_needs(containers, selections), failed)
             sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
             # Only the best fitting node is needed: a heap gives candidates in policy order in
             # O(n + k log n) for the k nodes tried, instead of sorting them all.
@@ -571,7 +422,7 @@ class ClusterState:
             if chosen is None:
                 return out
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
-            self._add_record(_Pod(uid, ns, meta.get("name", ""), chosen.name, grants, True, time.time()))
+            self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time()))
         out.node, out.devices = chosen.name, fit.devices
         stamp = int(time.time() if now is None else now)
         out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
@@ -579,62 +430,6 @@ class ClusterState:
             out.annotations.update(self.vendors[v].allocation_annotations(lst))
         out.labels = {A.ASSIGNED_NODE: chosen.name}
         return out
-
-    def _prefilter(
-        self, node_names: Sequence[str], needs: Mapping[str, tuple[_Need, ...]], failed: dict[str, str]
-    ) -> list[_Node]:
-        """Candidate nodes whose cached card summaries can take every demand; reasons for the others.
-
-        This loop runs over every candidate node on every filter, so the common case (one vendor, one
-        distinct demand) is spelled out with local names and inline memo lookups.
-        """
-        nodes = self._nodes
-        candidates: list[_Node] = []
-        if len(needs) == 1:
-            ((vendor, vneeds),) = needs.items()
-            if len(vneeds) == 1:
-                need = vneeds[0]
-                no_device = f"NodeInsufficientDevice: no {vendor} device"
-                for name in node_names:
-                    n = nodes.get(name)
-                    if n is None:
-                        failed[name] = "node unregistered"
-                    elif n.unusable:
-                        failed[name] = n.unusable
-                    elif vendor not in n.devices:
-                        failed[name] = no_device
-                    else:
-                        summary = n.summaries.get(vendor) or n.summary(vendor)
-                        why = summary.memo.get(need, _UNKNOWN)
-                        if why is _UNKNOWN:
-                            why = need.misfit(summary)
-                        if why is None:
-                            candidates.append(n)
-                        else:
-                            failed[name] = why
-                return candidates
-        for name in node_names:
-            n = nodes.get(name)
-            if n is None:
-                failed[name] = "node unregistered"
-                continue
-            if n.unusable:
-                failed[name] = n.unusable
-                continue
-            why = None
-            for v, vneeds in needs.items():
-                if v not in n.devices:
-                    why = f"NodeInsufficientDevice: no {v} device"
-                    break
-                summary = n.summary(v)
-                why = next((w for need in vneeds if (w := need.misfit(summary)) is not None), None)
-                if why is not None:
-                    break
-            if why is None:
-                candidates.append(n)
-            else:
-                failed[name] = why
-        return candidates
 
     # ------------------------------------------------------------------------------------------
     # snapshots

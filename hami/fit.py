@@ -20,9 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from hami.annotations import align_pod_devices
 from hami.model import (
-    CardGrant,
     ContainerDevice,
     ContainerRequest,
     Device,
@@ -30,6 +28,7 @@ from hami.model import (
     PodDevices,
     Selection,
 )
+from hami.pods import ContainerKind, ContainerSpec, collapse_grants
 from hami.scoring import CardPolicy, PolicyChoice, best_combination, card_score, order_cards
 from hami.vendors.base import Vendor
 
@@ -50,21 +49,6 @@ class Reason(StrEnum):
     CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
     ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
     NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
-
-
-class ContainerKind(StrEnum):
-    INIT = "init"
-    SIDECAR = "sidecar"  # init container with restartPolicy: Always
-    APP = "app"
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerSpec:
-    """One container's device requests (one per vendor it asks for)."""
-
-    name: str
-    kind: ContainerKind
-    requests: tuple[ContainerRequest, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,11 +117,23 @@ def check_card(
         return Reason.RESOURCE_QUOTA_NOT_FIT
     if d.devmem - u.usedmem < mem:
         return Reason.CARD_INSUFFICIENT_MEMORY
-    if d.devcore - u.usedcores < cores:
+    return core_reason(d.devcore, u.usedcores, u.used, cores)
+
+
+def core_reason(devcore: int, usedcores: int, used: int, cores: int) -> Reason | None:
+    """The core checks of §2.5 (steps 12-14), the one computation of a card's core capacity that the
+    fit and the filter's prefilter (`hami.prefilter`) both use; None when the card can take `cores`.
+
+    `devcore` is the card's registered capacity in percent (100 x deviceCoreScaling), `usedcores` the
+    percent booked, `used` the slots taken, `cores` the request clamped to 100. Exclusivity (a 100 %
+    request needs an idle card) applies only to a card registered with exactly 100 %: with
+    deviceCoreScaling above 1 a full-card request may share the card while cores are free (HAMi's rule).
+    """
+    if devcore - usedcores < cores:
         return Reason.CARD_INSUFFICIENT_CORE
-    if d.devcore == 100 and cores == 100 and u.used > 0:
+    if devcore == 100 and cores == 100 and used > 0:
         return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-    if d.devcore != 0 and u.usedcores == d.devcore and cores == 0:
+    if devcore != 0 and usedcores == devcore and cores == 0:
         return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
     return None
 
@@ -321,51 +317,3 @@ def fit_pod(
 
 def _bind_quota(quota: QuotaCheck, vendor: str, totals: list[int]) -> Callable[[int, int], bool]:
     return lambda mem, cores: quota(vendor, totals[0] + mem, totals[1] + cores)
-
-
-def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list[CardGrant]:
-    """Usage a pod holds per card (§2.2.2 collapse rule, sidecars counted with app containers).
-
-    Per (vendor, uuid): memory/cores = max(largest init container, sum of app + sidecar containers);
-    slots = max(1 if only init containers use it, number of app + sidecar containers on it). An init
-    container declared after a native sidecar runs alongside it, so its peak includes that sidecar.
-    A list written by another HAMi version with fewer or more entries than `kinds` is aligned first
-    (`annotations.align_pod_devices`); entries still beyond `kinds` are treated as app containers.
-    """
-    out: list[CardGrant] = []
-    for vendor, per_container in devices.items():
-        if kinds and len(per_container) != len(kinds):
-            per_container = align_pod_devices(per_container, len(kinds))
-        init: dict[str, list[int]] = {}
-        app: dict[str, list[int]] = {}
-        order: list[str] = []
-        for i, cds in enumerate(per_container):
-            kind = kinds[i] if i < len(kinds) else ContainerKind.APP
-            for cd in cds:
-                if cd.uuid not in init and cd.uuid not in app:
-                    order.append(cd.uuid)
-                if kind is ContainerKind.INIT:
-                    # `app` holds only the sidecars declared before this init container: they run with it.
-                    side = app.get(cd.uuid, (0, 0, 0))
-                    m = init.setdefault(cd.uuid, [0, 0, 0])
-                    m[0] = max(m[0], cd.usedmem + side[0])
-                    m[1] = max(m[1], cd.usedcores + side[1])
-                    m[2] = max(m[2], 1 + side[2])
-                else:
-                    a = app.setdefault(cd.uuid, [0, 0, 0])
-                    a[0] += cd.usedmem
-                    a[1] += cd.usedcores
-                    a[2] += 1
-        for uuid in order:
-            im, ic, islots = init.get(uuid, (0, 0, 0))
-            am, ac, an = app.get(uuid, (0, 0, 0))
-            out.append(
-                CardGrant(
-                    uuid=uuid,
-                    vendor=vendor,
-                    usedmem=max(im, am),
-                    usedcores=max(ic, ac),
-                    slots=max(an, islots, 1),
-                )
-            )
-    return out

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.config import load_config
-from tests.unit.corehelpers import cards, ctr, node, pod
+from hami.model import Device
+from tests.builders import V100, cards, ctr, node, pod
 
 
 def placed(p, out, phase="Running"):
@@ -227,3 +228,19 @@ def test_node_updates_that_leave_the_registration_alone_keep_usage_and_clear_mar
     cs.upsert_node(cordoned)
     out = cs.filter(pod(ctr(gpu=1, mem=1000)), ["n"])
     assert out.failed_nodes["n"] == "1/1 CardCordoned"
+
+
+def test_full_core_request_shares_a_card_registered_with_core_scaling():
+    # deviceCoreScaling 2 registers devcore 200: the exclusivity rule (a 100 % request needs an idle
+    # card) is for cards of exactly 100 %, so the fit places a gpucores: 100 pod beside a 50 % one, and
+    # the prefilter must not refuse the node first with ExclusiveDeviceAllocateConflict.
+    scaled = [Device("GPU-n-0", 0, 10, 32768, 200, V100)]
+    cs = ClusterState()
+    cs.upsert_node(node("n", scaled))
+    assert cs.filter(pod(ctr(gpu=1, mem=1000, cores=50)), ["n"]).node == "n"
+    out = cs.filter(pod(ctr(gpu=1, mem=1000, cores=100)), ["n"])
+    assert out.failed_nodes == {} and out.node == "n"
+    assert cs.usage_snapshot() == {"n": {"GPU-n-0": (2, 2000, 150)}}
+    # Over the scaled capacity it is refused with the fit's reason.
+    out = cs.filter(pod(ctr(gpu=1, mem=1000, cores=100)), ["n"])
+    assert out.node is None and out.failed_nodes == {"n": "1/1 CardInsufficientCore"}

@@ -342,3 +342,26 @@ def test_core_warnings_are_counted_per_pod(tmp_path):
         "hami.io/gpu-scheduler-policy: unknown policy 'tightest'; valid: binpack, spread, numa, mutex, "
         "topology-aware or a comma chain of them such as 'binpack,numa'; using the default 'binpack'": 4
     }
+
+
+def test_full_core_pods_share_cards_registered_with_core_scaling(tmp_path):
+    from hami.simulate import kubeyaml
+
+    # deviceCoreScaling 2: every T4 registers 200 % of cores, so two gpucores: 100 pods share one card
+    # (the fit's rule); the filter's prefilter used to refuse the second with ExclusiveDeviceAllocateConflict.
+    scaled = DeviceConfig(nvidia=replace(CFG.nvidia, deviceCoreScaling=2.0))
+    n = gpu_node("n1", cpu_milli=64000, memory_mib=262144, gpus=1, model="T4", card_mib=15360, config=scaled)
+    f = tmp_path / "p.yaml"
+    f.write_text(
+        "kind: Pod\nmetadata: {name: a}\n"
+        "spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4000, "
+        "nvidia.com/gpucores: 100}}}]}\n"
+    )
+    w = Workload([n], kubeyaml.load_pods(f, config=scaled))
+    r = run(w, config=scaled, policy=BINPACK, mode=Mode.FILL, arrival=150, placements=True)
+    assert [(p.pod, p.card_uuid, p.cores, p.reason) for p in r.placements] == [
+        ("a", "GPU-n1-0", 100, ""),
+        ("a-2", "GPU-n1-0", 100, ""),
+        ("a-3", "", None, "0/1 nodes fit: 1 CardInsufficientCore"),
+    ]
+    assert r.state.usage_snapshot() == {"n1": {"GPU-n1-0": (2, 8000, 200)}}

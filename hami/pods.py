@@ -1,0 +1,200 @@
+"""The pod-level rules every component applies the same way: which containers a pod has, in which order,
+what kind each is, when a pod or its init containers are done, and what a pod holds on each card.
+
+Why one module: HAMi's per-vendor device lists have one entry per container, init containers first,
+then app containers (hami-legacy-spec §1.6.4); the scheduler writes them, the device plugin reads them
+back for kubelet's Allocate calls, the cluster cache counts them, the webhook checks the same containers
+and the simulator replays them. Each of those used to re-derive "init containers first, one entry per
+container"; a native sidecar (an init container with ``restartPolicy: Always``, Kubernetes 1.28+) that
+one place forgot would then be counted as an init container by it and as an app container by another.
+The rules here are pure functions of the pod's JSON (see `hami.objects` for the fields read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from hami import objects
+from hami.annotations import align_pod_devices
+from hami.model import CardGrant, ContainerRequest, PodDevices
+
+if TYPE_CHECKING:
+    from hami.vendors.base import Vendor
+
+#: Pod phases after which a pod holds nothing (Kubernetes PodPhase).
+TERMINAL_PHASES = ("Succeeded", "Failed")
+#: The pod spec members that hold containers, in device-list order.
+CONTAINER_FIELDS = ("initContainers", "containers")
+
+
+class ContainerKind(StrEnum):
+    INIT = "init"
+    SIDECAR = "sidecar"  # init container with restartPolicy: Always
+    APP = "app"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """One container's device requests (one per vendor it asks for)."""
+
+    name: str
+    kind: ContainerKind
+    requests: tuple[ContainerRequest, ...] = ()
+
+
+def is_sidecar(container: Mapping[str, Any]) -> bool:
+    """An init container with ``restartPolicy: Always`` is a native sidecar: it keeps running beside the
+    app containers (Kubernetes 1.28+)."""
+    return container.get("restartPolicy") == "Always"
+
+
+def kind_of(container: Mapping[str, Any], *, init: bool) -> ContainerKind:
+    """The kind of a container found in `spec.initContainers` (`init` True) or `spec.containers`."""
+    if not init:
+        return ContainerKind.APP
+    return ContainerKind.SIDECAR if is_sidecar(container) else ContainerKind.INIT
+
+
+def _list(spec: Mapping[str, Any], field: str) -> list[Any]:
+    value = spec.get(field)
+    return value if isinstance(value, list) else []
+
+
+def entries(pod: Mapping[str, Any]) -> Iterator[tuple[ContainerKind, Mapping[str, Any]]]:
+    """(kind, container) in device-list order: init containers (and sidecars) first, then app containers.
+
+    Members that are absent, null or not lists count as no containers; entries are yielded as they are
+    (callers that take user input check their shape first).
+    """
+    spec = objects.spec(pod)
+    for c in _list(spec, "initContainers"):
+        yield (ContainerKind.SIDECAR if is_sidecar(c) else ContainerKind.INIT), c
+    for c in _list(spec, "containers"):
+        yield ContainerKind.APP, c
+
+
+def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every container of the pod in device-list order (init first): entry i of a device list is theirs."""
+    spec = objects.spec(pod)
+    return [*_list(spec, "initContainers"), *_list(spec, "containers")]
+
+
+def container_kinds(pod: Mapping[str, Any]) -> list[ContainerKind]:
+    """Kinds of a pod's containers in device-list order: init (or sidecar) containers, then app containers."""
+    return [k for k, _ in entries(pod)]
+
+
+def container_names(pod: Mapping[str, Any]) -> list[str]:
+    """Names of a pod's containers in device-list order (``""`` for an unnamed one)."""
+    return [c.get("name", "") for c in containers(pod)]
+
+
+def init_count(pod: Mapping[str, Any]) -> int:
+    """How many entries of a device list belong to init containers (sidecars included)."""
+    return len(_list(objects.spec(pod), "initContainers"))
+
+
+def is_terminal(pod: Mapping[str, Any]) -> bool:
+    """The pod has finished (phase Succeeded or Failed): it holds no device any more."""
+    return objects.phase(pod) in TERMINAL_PHASES
+
+
+def init_done(pod: Mapping[str, Any]) -> bool:
+    """All init containers (not native sidecars, which keep running) terminated with exit code 0, so
+    their usage can be released (hami-legacy-spec §2.2.2). False for a pod without plain init containers."""
+    plain = [c.get("name") for k, c in entries(pod) if k is ContainerKind.INIT]
+    if not plain:
+        return False
+    statuses = {s.get("name"): s for s in objects.status(pod).get("initContainerStatuses") or []}
+    for n in plain:
+        term = ((statuses.get(n) or {}).get("state") or {}).get("terminated")
+        if not term or term.get("exitCode") != 0:
+            return False
+    return True
+
+
+def requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor] | Sequence[Vendor]) -> list[ContainerSpec]:
+    """Per container (device-list order) its device requests, one per vendor it asks for.
+
+    Raises InvalidRequest (from the vendor) for a bad quantity, naming the container and the field.
+    """
+    vs = list(vendors.values()) if isinstance(vendors, Mapping) else list(vendors)
+    out = []
+    for kind, c in entries(pod):
+        reqs = tuple(r for v in vs if (r := v.container_request(c)) is not None)
+        out.append(ContainerSpec(name=c.get("name", ""), kind=kind, requests=reqs))
+    return out
+
+
+def without_finished_init(devices: PodDevices, kinds: Sequence[ContainerKind]) -> PodDevices:
+    """The device lists with the plain init containers' entries emptied (for a pod whose `init_done`):
+    finished init containers hold nothing; app and sidecar entries stay."""
+    return {
+        v: [c if i >= len(kinds) or kinds[i] is not ContainerKind.INIT else [] for i, c in enumerate(lst)]
+        for v, lst in devices.items()
+    }
+
+
+def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list[CardGrant]:
+    """Usage a pod holds per card (§2.2.2 collapse rule, sidecars counted with app containers).
+
+    Per (vendor, uuid): memory/cores = max(largest init container, sum of app + sidecar containers);
+    slots = max(1 if only init containers use it, number of app + sidecar containers on it). An init
+    container declared after a native sidecar runs alongside it, so its peak includes that sidecar.
+    A list written by another HAMi version with fewer or more entries than `kinds` is aligned first
+    (`annotations.align_pod_devices`); entries still beyond `kinds` are treated as app containers.
+    """
+    out: list[CardGrant] = []
+    for vendor, per_container in devices.items():
+        if kinds and len(per_container) != len(kinds):
+            per_container = align_pod_devices(per_container, len(kinds))
+        init: dict[str, list[int]] = {}
+        app: dict[str, list[int]] = {}
+        order: list[str] = []
+        for i, cds in enumerate(per_container):
+            kind = kinds[i] if i < len(kinds) else ContainerKind.APP
+            for cd in cds:
+                if cd.uuid not in init and cd.uuid not in app:
+                    order.append(cd.uuid)
+                if kind is ContainerKind.INIT:
+                    # `app` holds only the sidecars declared before this init container: they run with it.
+                    side = app.get(cd.uuid, (0, 0, 0))
+                    m = init.setdefault(cd.uuid, [0, 0, 0])
+                    m[0] = max(m[0], cd.usedmem + side[0])
+                    m[1] = max(m[1], cd.usedcores + side[1])
+                    m[2] = max(m[2], 1 + side[2])
+                else:
+                    a = app.setdefault(cd.uuid, [0, 0, 0])
+                    a[0] += cd.usedmem
+                    a[1] += cd.usedcores
+                    a[2] += 1
+        for uuid in order:
+            im, ic, islots = init.get(uuid, (0, 0, 0))
+            am, ac, an = app.get(uuid, (0, 0, 0))
+            out.append(
+                CardGrant(
+                    uuid=uuid,
+                    vendor=vendor,
+                    usedmem=max(im, am),
+                    usedcores=max(ic, ac),
+                    slots=max(an, islots, 1),
+                )
+            )
+    return out
+
+
+def peak(values: Sequence[tuple[ContainerKind, float]]) -> float:
+    """What a pod needs at once of an additive resource given per container (device-list order), by the
+    same rule as `collapse_grants` (and Kubernetes' effective request with sidecars): the larger of
+    (app + sidecar containers summed) and (each init container plus the sidecars declared before it)."""
+    running = 0.0  # sidecars started so far, then + app containers
+    init_peak = 0.0
+    for kind, v in values:
+        if kind is ContainerKind.INIT:
+            init_peak = max(init_peak, running + v)
+        else:
+            running += v
+    return max(running, init_peak)
