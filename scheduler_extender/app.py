@@ -1,111 +1,138 @@
-"""The HTTP surface: POST /filter, POST /bind, GET /healthz, GET /readyz, GET /metrics.
+"""The assembled extender: options -> state, API client, runtime, events, service and HTTP app.
 
-kube-scheduler treats any status other than 200 as a transport error, so /filter and /bind answer 200
-with the protocol's ``Error`` field for every problem, including bodies that are not JSON or exceed
-the size limit (read here chunk by chunk, so an oversized body is refused without being buffered).
-/readyz is what a Service or load balancer uses to send scheduler traffic only to the active replica.
-Keep-alive stays on (k8s-protocols §1.8.16): connection setup would eat into the 5 s httpTimeout.
+`Server` is what the console script runs and what the integration tests and the benchmark start in
+process, so they exercise the production assembly. The HTTP handlers are in `scheduler_extender.routes`,
+the flags in `scheduler_extender.cli`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+import asyncio
+import logging
+import ssl
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from scheduler_extender.service import Extender
-from scheduler_extender.wire import MAX_BODY_BYTES, bind_result, filter_result
+import hami
+from hami.cluster import ClusterState
+from hami.kube import KubeClient
+from scheduler_extender.events import EventSink
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.options import ExtenderOptions
+from scheduler_extender.routes import make_app
+from scheduler_extender.runtime import Runtime
+from scheduler_extender.service import Extender, Settings
+from scheduler_extender.sync import Inflight
 
-EXTENDER_KEY: web.AppKey[Extender] = web.AppKey("extender", Extender)
+__all__ = ["Server", "make_app", "tls_context"]
 
-
-class BodyTooLarge(Exception):
-    pass
-
-
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, at most `limit` bytes. Raises BodyTooLarge beyond that (without buffering it)."""
-    if request.content_length is not None and request.content_length > limit:
-        raise BodyTooLarge()
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(65536)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
+log = logging.getLogger("scheduler_extender")
 
 
-def _json(obj: Any) -> web.Response:
-    return web.Response(body=json.dumps(obj, separators=(",", ":")).encode(), content_type="application/json")
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """A server SSLContext for the pair, or None for plain HTTP. Raises OSError/ssl.SSLError."""
+    if not cert:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    return ctx
 
 
-def _too_large(what: str, limit: int) -> str:
-    return (
-        f"{what}: request body larger than {limit} bytes; use nodeCacheCapable: true (names instead of "
-        "full Node objects) or raise --max-request-bytes"
-    )
+class Server:
+    """The assembled extender for `options`: `await start()`, `port`, `await stop()`.
 
+    Exposes its parts (`state`, `runtime`, `extender`, `metrics`, `client`) for tests and benchmarks.
+    Raises InvalidRequest (unloadable kubeconfig), OSError / ssl.SSLError on start.
+    """
 
-def make_app(
-    extender: Extender,
-    *,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    health: Callable[[], str | None] = lambda: None,
-) -> web.Application:
-    """The aiohttp application. `health()` returns None while the process is healthy, else why not."""
-    app = web.Application(client_max_size=max_body_bytes + 1)
-    app[EXTENDER_KEY] = extender
+    def __init__(self, options: ExtenderOptions) -> None:
+        self.options = options
+        name = options.scheduler_name
+        self.scheduler_name = name
+        self.state = ClusterState(options.device_config, scheduler_name=name)
+        self.client = KubeClient.from_kubeconfig(
+            options.kubeconfig,
+            pool_size=options.workers,
+            qps=options.kube_qps or None,
+            burst=options.kube_burst,
+            timeout_s=options.kube_timeout,
+        )
+        self.metrics = ExtenderMetrics(self.state, version=getattr(hami, "__version__", ""))
+        self.inflight = Inflight(options.reservation_ttl)
+        self.runtime = Runtime(
+            self.client,
+            self.state,
+            metrics=self.metrics,
+            election=options.election,
+            sync=options.sync,
+            inflight=self.inflight,
+        )
+        self.events = EventSink(
+            self.client.create_event,
+            component=name or "hami-scheduler",
+            on_drop=self.metrics.events_dropped.inc,
+            level=options.events,
+        )
+        self.extender = Extender(
+            self.state,
+            self.client,
+            settings=Settings(
+                scheduler_name=name,
+                node_lock_expiry_s=options.node_lock_timeout,
+                async_record=options.async_record,
+            ),
+            metrics=self.metrics,
+            events=self.events,
+            readiness=self.runtime.readiness,
+            inflight=self.inflight,
+            pod_lookup=self._cached_pod,
+            node_lookup=self._cached_node,
+        )
+        self.app = make_app(self.extender, max_body_bytes=options.max_request_bytes)
+        self.ssl_context = tls_context(options.tls_cert_file, options.tls_private_key_file)
+        self.port = 0
+        self._runner: web.AppRunner | None = None
 
-    def verb(
-        handler: Callable[[bytes], Awaitable[dict[str, Any]]],
-        what: str,
-        error: Callable[[str], dict[str, Any]],
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
-            try:
-                body = await read_body(request, max_body_bytes)
-            except BodyTooLarge:
-                if what == "ExtenderArgs":
-                    extender.metrics.filter_failed("bad_request")
-                else:
-                    extender.metrics.bind_failed("bad_request")
-                # Closing is the only safe way to skip an unread body on a keep-alive connection.
-                resp = _json(error(_too_large(what, max_body_bytes)))
-                resp.force_close()
-                return resp
-            return _json(await handler(body))
+    def _cached_pod(self, namespace: str, name: str) -> dict | None:
+        sync = self.runtime.sync
+        return sync.cached_pod(namespace, name) if sync is not None else None
 
-        return handle
+    def _cached_node(self, name: str) -> dict | None:
+        sync = self.runtime.sync
+        return sync.nodes.get(name) if sync is not None else None
 
-    async def healthz(_request: web.Request) -> web.Response:
-        why = health()
-        if why is None:
-            return web.Response(text="ok\n")
-        return web.Response(text=f"unhealthy: {why}\n", status=500)
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.options.address in ("0.0.0.0", "") else self.options.address
+        return f"{'https' if self.ssl_context else 'http'}://{host}:{self.port}"
 
-    async def readyz(_request: web.Request) -> web.Response:
-        why = extender.readiness()
-        if why is None:
-            return web.Response(text="ok\n")
-        return web.Response(text=f"not ready: {why}\n", status=503)
+    async def start(self) -> None:
+        """Listen, then start events and the runtime (leader election / the cluster sync)."""
+        o = self.options
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=o.workers, thread_name_prefix="extender"))
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, o.address, o.port, ssl_context=self.ssl_context, backlog=1024)
+        await site.start()
+        server = site._server  # noqa: SLF001 - the bound port when --port 0
+        self.port = server.sockets[0].getsockname()[1] if server and server.sockets else o.port
+        log.info(
+            "serving on %s (/filter /bind /healthz /readyz /metrics), scheduler %r, leader election %s",
+            self.url,
+            self.scheduler_name,
+            "on" if o.leader_elect else "off",
+        )
+        self.events.start()
+        await asyncio.to_thread(self.runtime.start)
 
-    async def metrics(_request: web.Request) -> web.Response:
-        data = generate_latest(extender.metrics.registry)
-        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app.router.add_post(
-        "/filter", verb(extender.filter, "ExtenderArgs", lambda e: filter_result(None, error=e))
-    )
-    app.router.add_post("/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result))
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    return app
+    async def stop(self) -> None:
+        """Stop campaigning (releasing the Lease), end the term, stop serving."""
+        await asyncio.to_thread(self.runtime.stop)
+        await self.events.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.extender.close()
+        self.client.close()

@@ -1,15 +1,15 @@
-"""`hami-scheduler-extender`: flags, environment, logging, TLS and the server loop; no scheduling logic here.
+"""`hami-scheduler-extender`: flags -> `ExtenderOptions` -> `main`; no scheduling logic here.
 
     hami-scheduler-extender --kubeconfig FILE --address 127.0.0.1 --port 8888 --scheduler-name hami-scheduler
     hami-scheduler-extender --tls-cert-file C --tls-private-key-file K --leader-elect \
         --leader-elect-resource-namespace kube-system --config /device-config.yaml
 
-Precedence, one rule for every option: command-line flag > environment variable
+Precedence, the rule of every server (`hami.settings`): command-line flag > environment variable
 ``HAMI_EXTENDER_<FLAG_NAME>`` (e.g. ``HAMI_EXTENDER_PORT=8888``, ``HAMI_EXTENDER_LEADER_ELECT=true``) >
 device config file (only `--scheduler-name`: ``scheduler.schedulerName``) > built-in default.
-Also read: ``KUBECONFIG`` (when neither the flag nor ``HAMI_EXTENDER_KUBECONFIG`` is set; without any
-kubeconfig the in-cluster service account is used), ``POD_NAME`` / ``POD_NAMESPACE`` (default lease
-identity and namespace). Durations accept seconds (``300``) or Go-style units (``5m``, ``30s``, ``1m30s``).
+Aliases read after the ``HAMI_EXTENDER_`` name: ``KUBECONFIG`` (without any kubeconfig the in-cluster
+service account is used), ``POD_NAME`` / ``POD_NAMESPACE`` (lease identity and namespace). Durations
+accept seconds (``300``) or Go-style units (``5m``, ``30s``, ``1m30s``).
 """
 
 from __future__ import annotations
@@ -18,66 +18,42 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import signal
 import socket
 import ssl
 import sys
 import uuid
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-from aiohttp import web
-
-import hami
-from hami.cluster import ClusterState
+from hami import settings
 from hami.config import load_config_file
 from hami.errors import HamiError, InvalidRequest
-from hami.kube import KubeClient
-from scheduler_extender.app import make_app
-from scheduler_extender.events import EVENT_LEVELS, EventSink
+from scheduler_extender.app import Server
+from scheduler_extender.events import EVENT_LEVELS
 from scheduler_extender.gctune import GcFreezer
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.runtime import Runtime
-from scheduler_extender.service import Extender, Settings
-from scheduler_extender.sync import Inflight
+from scheduler_extender.options import ExtenderOptions
 from scheduler_extender.wire import MAX_BODY_BYTES
+
+__all__ = ["ENV_ALIASES", "ENV_PREFIX", "Server", "build_parser", "duration", "main", "parse_args"]
 
 log = logging.getLogger("scheduler_extender")
 
 ENV_PREFIX = "HAMI_EXTENDER_"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+#: Flag dest -> variables read after ``HAMI_EXTENDER_<DEST>`` (the names Kubernetes tooling sets).
+ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "kubeconfig": ("KUBECONFIG",),
+    "leader_elect_resource_namespace": ("POD_NAMESPACE",),
+    "leader_elect_identity": ("POD_NAME",),
+}
 
-
-def duration(value: str) -> float:
-    """``300`` / ``300s`` / ``5m`` / ``1m30s`` / ``500ms`` -> seconds. Raises ArgumentTypeError."""
-    text = str(value).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        n, unit = float(m.group(1)), m.group(2)
-        total += n * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]
-        pos = m.end()
-    if pos != len(text) or not text:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a duration; valid: 300, 300s, 5m, 1m30s, 500ms")
-    return total
-
-
-def boolean(value: str) -> bool:
-    v = str(value).strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off", ""):
-        return False
-    raise argparse.ArgumentTypeError(f"{value!r} is not a boolean; valid: true, false")
+#: ``300`` / ``300s`` / ``5m`` / ``1m30s`` / ``500ms`` -> seconds; raises ArgumentTypeError naming the forms.
+duration = settings.argtype(settings.duration)
+boolean = settings.argtype(settings.boolean)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every flag, with its built-in default; `parse_args` layers the environment and config over it."""
     p = argparse.ArgumentParser(
         prog="hami-scheduler-extender",
         description="HAMi scheduler extender (filter + bind for kube-scheduler)",
@@ -108,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-lock-timeout", type=duration, default=300.0,
                    help="a node lock older than this is taken over (HAMi --node-lock-timeout, default 5m)")  # fmt: skip
     p.add_argument("--register-interval", type=duration, default=15.0,
-                   help="node liveness pass and handshake stamps (default 15s; 0 disables stamping)")  # fmt: skip
+                   help="node liveness pass and handshake stamps (default 15s; 0 turns both off)")  # fmt: skip
     p.add_argument("--handshake-timeout", type=duration, default=60.0,
                    help="an unanswered Requesting handshake older than this makes a node without allocatable "
                    "devices unusable (HAMi: 60s)")  # fmt: skip
@@ -143,170 +119,51 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -> argparse.Namespace:
-    """Flags over ``HAMI_EXTENDER_*`` environment over defaults (see the module docstring)."""
-    env = dict(os.environ if env is None else env)
+def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> ExtenderOptions:
+    """Flags > ``HAMI_EXTENDER_*`` environment > device config > defaults (see the module docstring).
+
+    Exits 2 with the usage message for a bad flag or environment value; raises ConfigError for a bad
+    device config file.
+    """
+    env = os.environ if env is None else env
     parser = build_parser()
-    for action in parser._actions:  # noqa: SLF001 - environment defaults for every flag
-        if not action.option_strings or action.dest == "help":
-            continue
-        key = ENV_PREFIX + action.dest.upper()
-        if key in env:
-            raw = env[key]
-            try:
-                action.default = action.type(raw) if action.type else raw
-            except (argparse.ArgumentTypeError, ValueError) as e:
-                parser.error(f"{key}={raw!r}: {e}")
-    args = parser.parse_args(argv)
-    if args.kubeconfig is None:
-        args.kubeconfig = env.get("KUBECONFIG") or None
-    if args.leader_elect_resource_namespace is None:
-        args.leader_elect_resource_namespace = env.get("POD_NAMESPACE") or "kube-system"
-    if args.leader_elect_identity is None:
-        args.leader_elect_identity = env.get("POD_NAME") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    if args.gc_freeze_interval < 0 or (
-        args.gc_freeze_interval and args.gc_full_interval < args.gc_freeze_interval
+    supplied: dict[str, Any] = {}
+
+    def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
+        # The device config file supplies `--scheduler-name` (``scheduler.schedulerName``).
+        supplied["device_config"] = load_config_file(values["config"])
+        return {"scheduler_name": supplied["device_config"].scheduler.schedulerName}
+
+    values = settings.resolve(
+        parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
+    )
+    values["kubeconfig"] = values["kubeconfig"] or None
+    values["leader_elect_resource_namespace"] = values["leader_elect_resource_namespace"] or "kube-system"
+    values["leader_elect_identity"] = (
+        values["leader_elect_identity"] or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    )
+    if values["gc_freeze_interval"] < 0 or (
+        values["gc_freeze_interval"] and values["gc_full_interval"] < values["gc_freeze_interval"]
     ):
         parser.error(
-            f"--gc-freeze-interval {args.gc_freeze_interval:g}s / --gc-full-interval {args.gc_full_interval:g}s: "
-            "want 0 (off) or an interval no longer than the full-collection interval"
+            f"--gc-freeze-interval {values['gc_freeze_interval']:g}s / --gc-full-interval "
+            f"{values['gc_full_interval']:g}s: want 0 (off) or an interval no longer than the "
+            "full-collection interval"
         )
-    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+    if bool(values["tls_cert_file"]) != bool(values["tls_private_key_file"]):
         parser.error("--tls-cert-file and --tls-private-key-file go together")
-    return args
+    return ExtenderOptions(device_config=supplied["device_config"], **values)
 
 
-def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """A server SSLContext for the pair, or None for plain HTTP. Raises OSError/ssl.SSLError."""
-    if not cert:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    return ctx
-
-
-class Server:
-    """The assembled extender for parsed `args`: `await start()`, `port`, `await stop()`.
-
-    Exposes its parts (`state`, `runtime`, `extender`, `metrics`, `client`) for tests and benchmarks.
-    Raises ConfigError / InvalidRequest (bad config or kubeconfig), OSError / ssl.SSLError on start.
-    """
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        config = load_config_file(args.config)
-        name = args.scheduler_name if args.scheduler_name is not None else config.scheduler.schedulerName
-        self.scheduler_name = name
-        self.state = ClusterState(config, scheduler_name=name)
-        self.client = KubeClient.from_kubeconfig(
-            args.kubeconfig,
-            pool_size=args.workers,
-            qps=args.kube_qps or None,
-            burst=args.kube_burst,
-            timeout_s=args.kube_timeout,
-        )
-        self.metrics = ExtenderMetrics(self.state, version=getattr(hami, "__version__", ""))
-        election = None
-        if args.leader_elect:
-            election = {
-                "namespace": args.leader_elect_resource_namespace,
-                "name": args.leader_elect_resource_name,
-                "identity": args.leader_elect_identity,
-                "lease_duration_s": args.leader_elect_lease_duration,
-                "renew_deadline_s": args.leader_elect_renew_deadline,
-                "retry_period_s": args.leader_elect_retry_period,
-            }
-        self.inflight = Inflight(args.reservation_ttl)
-        self.runtime = Runtime(
-            self.client,
-            self.state,
-            metrics=self.metrics,
-            election=election,
-            sync_options={
-                "inflight": self.inflight,
-                "register_interval_s": args.register_interval,
-                "handshake_timeout_s": args.handshake_timeout,
-                "reservation_ttl_s": args.reservation_ttl,
-            },
-        )
-        self.events = EventSink(
-            self.client.create_event,
-            component=name or "hami-scheduler",
-            on_drop=self.metrics.events_dropped.inc,
-            level=args.events,
-        )
-        self.extender = Extender(
-            self.state,
-            self.client,
-            settings=Settings(
-                scheduler_name=name, node_lock_expiry_s=args.node_lock_timeout, async_record=args.async_record
-            ),
-            metrics=self.metrics,
-            events=self.events,
-            readiness=self.runtime.readiness,
-            inflight=self.inflight,
-            pod_lookup=self._cached_pod,
-            node_lookup=self._cached_node,
-        )
-        self.app = make_app(self.extender, max_body_bytes=args.max_request_bytes)
-        self.ssl_context = tls_context(args.tls_cert_file, args.tls_private_key_file)
-        self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    def _cached_pod(self, namespace: str, name: str) -> dict | None:
-        sync = self.runtime.sync
-        return sync.cached_pod(namespace, name) if sync is not None else None
-
-    def _cached_node(self, name: str) -> dict | None:
-        sync = self.runtime.sync
-        return sync.nodes.get(name) if sync is not None else None
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.args.address in ("0.0.0.0", "") else self.args.address
-        return f"{'https' if self.ssl_context else 'http'}://{host}:{self.port}"
-
-    async def start(self) -> None:
-        """Listen, then start events and the runtime (leader election / the cluster sync)."""
-        loop = asyncio.get_running_loop()
-        loop.set_default_executor(
-            ThreadPoolExecutor(max_workers=self.args.workers, thread_name_prefix="extender")
-        )
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(
-            self._runner, self.args.address, self.args.port, ssl_context=self.ssl_context, backlog=1024
-        )
-        await site.start()
-        server = site._server  # noqa: SLF001 - the bound port when --port 0
-        self.port = server.sockets[0].getsockname()[1] if server and server.sockets else self.args.port
-        log.info(
-            "serving on %s (/filter /bind /healthz /readyz /metrics), scheduler %r, leader election %s",
-            self.url,
-            self.scheduler_name,
-            "on" if self.args.leader_elect else "off",
-        )
-        self.events.start()
-        await asyncio.to_thread(self.runtime.start)
-
-    async def stop(self) -> None:
-        """Stop campaigning (releasing the Lease), end the term, stop serving."""
-        await asyncio.to_thread(self.runtime.stop)
-        await self.events.stop()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        self.extender.close()
-        self.client.close()
-
-
-async def serve(args: argparse.Namespace) -> None:
+async def serve(options: ExtenderOptions) -> None:
     """Run until SIGTERM/SIGINT."""
-    server = Server(args)
+    server = Server(options)
     await server.start()
     # Process-wide, so only here (tests build several Servers in one process).
     freezer = (
-        GcFreezer(args.gc_freeze_interval, args.gc_full_interval).start() if args.gc_freeze_interval else None
+        GcFreezer(options.gc_freeze_interval, options.gc_full_interval).start()
+        if options.gc_freeze_interval
+        else None
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -325,12 +182,16 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point. Exit 2 on bad flags, config, kubeconfig or certificates; 0 on a clean stop."""
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
-    )
+    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
     try:
-        asyncio.run(serve(args))
+        options = parse_args(argv)
+    except HamiError as e:  # a bad device config file: one line, no traceback
+        logging.basicConfig(level="INFO", format=fmt, stream=sys.stderr)
+        log.error("cannot start: %s", e)
+        return 2
+    logging.basicConfig(level=options.log_level, format=fmt, stream=sys.stderr)
+    try:
+        asyncio.run(serve(options))
     except (HamiError, InvalidRequest, OSError, ssl.SSLError) as e:
         log.error("cannot start: %s", e)
         return 2

@@ -1,4 +1,5 @@
-"""Pod events (FilteringSucceed / FilteringFailed / BindingSucceed / BindingFailed) sent off the request path.
+"""Pod events (FilteringSucceed / FilteringFailed / BindingSucceed / BindingFailed / SchedulingPolicyIgnored)
+sent off the request path.
 
 An Event is an API write; waiting for it inside /filter or /bind would put an extra round trip on every
 scheduling decision (and the filter path may make exactly one API call: the pod patch). So events go
@@ -24,6 +25,8 @@ FILTERING_SUCCEED = "FilteringSucceed"
 FILTERING_FAILED = "FilteringFailed"
 BINDING_SUCCEED = "BindingSucceed"
 BINDING_FAILED = "BindingFailed"
+#: Warning: a scheduling policy annotation of the pod could not be used; the default applied instead.
+POLICY_IGNORED = "SchedulingPolicyIgnored"
 
 #: `--events`: all (HAMi: every filter and bind), failures (Warning events only), none.
 EVENT_LEVELS = ("all", "failures", "none")

@@ -10,14 +10,15 @@ to the leader only).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
-from typing import Any
 
 from hami.cluster import ClusterState
 from hami.kube import KubeClient, LeaderElector
 from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.sync import ClusterSync
+from scheduler_extender.options import LeaderElection, SyncOptions
+from scheduler_extender.sync import ClusterSync, Inflight
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,8 @@ log = logging.getLogger(__name__)
 class Runtime:
     """Starts and stops terms; `readiness()` is None only for a leader whose caches synced this term.
 
-    `sync_options` are passed to every `ClusterSync`; `election` (None = no leader election) holds
-    `LeaderElector` keywords: namespace, name, identity and optionally the durations.
+    `sync` configures every term's `ClusterSync`; `inflight` (the filter's pending writes, shared with
+    the service) is emptied when a term ends; `election` None = no leader election.
     """
 
     def __init__(
@@ -35,13 +36,15 @@ class Runtime:
         state: ClusterState,
         *,
         metrics: ExtenderMetrics | None = None,
-        election: dict[str, Any] | None = None,
-        sync_options: dict[str, Any] | None = None,
+        election: LeaderElection | None = None,
+        sync: SyncOptions | None = None,
+        inflight: Inflight | None = None,
     ) -> None:
         self.client = client
         self.state = state
         self.metrics = metrics
-        self.sync_options = dict(sync_options or {})
+        self.sync_options = sync or SyncOptions()
+        self.inflight = inflight
         self._lock = threading.Lock()
         self.sync: ClusterSync | None = None
         self.term = 0
@@ -51,7 +54,7 @@ class Runtime:
                 client,
                 on_started_leading=self._start_term,
                 on_stopped_leading=self._end_term,
-                **election,
+                **dataclasses.asdict(election),
             )
 
     def start(self) -> None:
@@ -73,7 +76,9 @@ class Runtime:
                 self.sync.stop()
             self.term += 1
             log.info("term %d: rebuilding state from the API server", self.term)
-            self.sync = ClusterSync(self.client, self.state, **self.sync_options).start()
+            self.sync = ClusterSync(
+                self.client, self.state, inflight=self.inflight, **dataclasses.asdict(self.sync_options)
+            ).start()
         self._gauges()
 
     def _end_term(self) -> None:
@@ -83,9 +88,8 @@ class Runtime:
             sync.stop()
             # A standby must not keep serving from (or counting into) the old term's view.
             self.state.rebuild([], [], [])
-            inflight = self.sync_options.get("inflight")
-            if inflight is not None:
-                inflight.clear()
+            if self.inflight is not None:
+                self.inflight.clear()
             log.info("term %d ended; state cleared", self.term)
         self._gauges()
 

@@ -196,6 +196,10 @@ class Extender:
                 self.inflight.expect(meta["uid"], outcome.annotations)
             elif placed_before and not outcome.error and not outcome.no_devices:
                 self.inflight.expect(meta["uid"], self._cleared())
+        if outcome.warnings:
+            # The pod asked for a policy that does not parse; the default was used, and the user must
+            # be told (a log line on the scheduler's side is not where they look).
+            self.events.emit(pod, reason=ev.POLICY_IGNORED, message="; ".join(outcome.warnings), warning=True)
         if outcome.no_devices:
             self.metrics.filters.labels("passthrough").inc()
             return filter_result(args, passed=list(args.names))

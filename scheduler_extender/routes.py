@@ -1,0 +1,111 @@
+"""The extender's protocol handlers: POST /filter, POST /bind, GET /healthz, GET /readyz, GET /metrics.
+
+kube-scheduler treats any status other than 200 as a transport error, so /filter and /bind answer 200
+with the protocol's ``Error`` field for every problem, including bodies that are not JSON or exceed
+the size limit (read here chunk by chunk, so an oversized body is refused without being buffered).
+/readyz is what a Service or load balancer uses to send scheduler traffic only to the active replica.
+Keep-alive stays on (k8s-protocols §1.8.16): connection setup would eat into the 5 s httpTimeout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_extender.service import Extender
+from scheduler_extender.wire import MAX_BODY_BYTES, bind_result, filter_result
+
+EXTENDER_KEY: web.AppKey[Extender] = web.AppKey("extender", Extender)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, at most `limit` bytes. Raises BodyTooLarge beyond that (without buffering it)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge()
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(65536)
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=json.dumps(obj, separators=(",", ":")).encode(), content_type="application/json")
+
+
+def _too_large(what: str, limit: int) -> str:
+    return (
+        f"{what}: request body larger than {limit} bytes; use nodeCacheCapable: true (names instead of "
+        "full Node objects) or raise --max-request-bytes"
+    )
+
+
+def make_app(
+    extender: Extender,
+    *,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    health: Callable[[], str | None] = lambda: None,
+) -> web.Application:
+    """The aiohttp application. `health()` returns None while the process is healthy, else why not."""
+    app = web.Application(client_max_size=max_body_bytes + 1)
+    app[EXTENDER_KEY] = extender
+
+    def verb(
+        handler: Callable[[bytes], Awaitable[dict[str, Any]]],
+        what: str,
+        error: Callable[[str], dict[str, Any]],
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                body = await read_body(request, max_body_bytes)
+            except BodyTooLarge:
+                if what == "ExtenderArgs":
+                    extender.metrics.filter_failed("bad_request")
+                else:
+                    extender.metrics.bind_failed("bad_request")
+                # Closing is the only safe way to skip an unread body on a keep-alive connection.
+                resp = _json(error(_too_large(what, max_body_bytes)))
+                resp.force_close()
+                return resp
+            return _json(await handler(body))
+
+        return handle
+
+    async def healthz(_request: web.Request) -> web.Response:
+        why = health()
+        if why is None:
+            return web.Response(text="ok\n")
+        return web.Response(text=f"unhealthy: {why}\n", status=500)
+
+    async def readyz(_request: web.Request) -> web.Response:
+        why = extender.readiness()
+        if why is None:
+            return web.Response(text="ok\n")
+        return web.Response(text=f"not ready: {why}\n", status=503)
+
+    async def metrics(_request: web.Request) -> web.Response:
+        data = generate_latest(extender.metrics.registry)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_post(
+        "/filter", verb(extender.filter, "ExtenderArgs", lambda e: filter_result(None, error=e))
+    )
+    app.router.add_post("/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app
