@@ -27,17 +27,16 @@ An owner pod that is not yet bound (Bind is still running) or is bound here with
 
 Concurrency: every write carries the node's ``resourceVersion`` (optimistic concurrency), so of two
 schedulers racing for the same node exactly one wins; the loser re-reads and sees contention. Writes
-in one process are also serialised per node. Re-locking by the owner pod succeeds (re-entrant), and
+in one process are also serialised per node through the caller's `NodeMutexes`. Re-locking by the owner pod succeeds (re-entrant), and
 release checks the owner, so nobody frees a lock held by someone else.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
 from typing import Any
 
@@ -51,34 +50,61 @@ from hami.annotations import (
     encode_node_lock,
 )
 from hami.errors import AnnotationError, Conflict, NodeLockContention, NotFound
+from hami.kube.retry import Backoff, retry_call
 
 log = logging.getLogger(__name__)
 
 NODE_LOCK_EXPIRY_S = 300.0  # HAMi's --node-lock-timeout default (5 minutes)
-# Optimistic-concurrency retries: one at once, then HAMi's backoff (100 ms, x2, jitter 0.5).
-_RETRY_STEPS = 5
-_RETRY_INITIAL_S = 0.1
-
-_node_mutexes: dict[str, threading.Lock] = {}
-_node_mutexes_guard = threading.Lock()
-
-
-def _node_mutex(node_name: str) -> threading.Lock:
-    with _node_mutexes_guard:
-        m = _node_mutexes.get(node_name)
-        if m is None:
-            m = _node_mutexes[node_name] = threading.Lock()
-        return m
+#: Optimistic-concurrency retries after the first try.
+RETRY_STEPS = 5
+#: The first conflict is retried at once: with one active scheduler the other writers of a node are
+#: its device plugin releasing the lock and the handshake stamps, so a fresh read usually finds the
+#: node free. Repeated conflicts back off as HAMi does (100 ms, x2, jitter 0.5).
+RETRY_BACKOFF = Backoff(0.1, factor=2.0, jitter=0.5, immediate_first=True)
 
 
-def _sleep_backoff(step: int) -> None:
-    # The first conflict is retried at once: with one active scheduler the other writers of a node are
-    # its device plugin releasing the lock and the handshake stamps, so a fresh read usually finds the
-    # node free. Repeated conflicts back off as HAMi does (100 ms, x2, jitter 0.5).
-    if step == 0:
-        return
-    delay = _RETRY_INITIAL_S * (2 ** (step - 1))
-    time.sleep(delay * (1 + random.random() * 0.5))
+class NodeMutexes:
+    """In-process mutual exclusion per node name, so one process's lockers of a node take turns.
+
+    Without it, two binds of one extender racing for the same node would both read, both write, and
+    one would lose on the resourceVersion precondition only to retry: correct, but wasted API calls.
+    Across processes the precondition alone decides. The owner (the extender) creates one table and
+    passes it to every `lock_node`/`release_node_lock` call; a caller that passes none gets no
+    in-process serialisation (each call behaves like a separate process).
+
+    An entry exists only while some thread holds or waits for that node's mutex, so the table stays
+    as small as the number of nodes being locked right now, not every node ever seen.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._entries: dict[str, list[Any]] = {}  # node -> [lock, number of holders and waiters]
+
+    @contextmanager
+    def hold(self, node_name: str) -> Iterator[None]:
+        """Hold `node_name`'s mutex for the ``with`` block (blocks while another thread holds it)."""
+        with self._guard:
+            entry = self._entries.get(node_name)
+            if entry is None:
+                entry = self._entries[node_name] = [threading.Lock(), 0]
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._entries[node_name]
+
+    def __len__(self) -> int:
+        """Nodes whose mutex is held or waited for now."""
+        with self._guard:
+            return len(self._entries)
+
+
+class _NodeChanged(Exception):
+    """Internal: the node changed between our read and our write (409); read again."""
 
 
 def read_node_lock(node: Mapping[str, Any], *, key: str = NODE_LOCK) -> NodeLock | None:
@@ -128,6 +154,7 @@ def lock_node(
     key: str = NODE_LOCK,
     now: Callable[[], datetime] | None = None,
     cached: Mapping[str, Any] | None = None,
+    mutexes: NodeMutexes | None = None,
 ) -> None:
     """Take the node lock for pod `namespace`/`pod_name` (a `hami.kube.KubeClient` as `client`).
 
@@ -136,6 +163,7 @@ def lock_node(
     the precondition, saving the GET; a stale copy costs one 409 and then the normal read-and-retry
     path runs without a backoff. A cached copy that shows any live lock is never trusted: the node
     is read afresh before contention is declared (the holder may have released it since).
+    `mutexes`: the caller's `NodeMutexes`, serialising this process's lockers of one node (None: none).
 
     Succeeds when the node is unlocked, already locked by this pod (re-entrant, nothing written),
     locked longer than `expiry_s` seconds ago, locked with a malformed value, or locked by a dangling
@@ -144,61 +172,64 @@ def lock_node(
     when the node kept changing under us through all retries.
     """
     clock = now or (lambda: datetime.now().astimezone())
-    with _node_mutex(node_name):
+
+    def attempt() -> None:
+        node = client.get_node(node_name)
+        if node is None:
+            raise NotFound(f"node {node_name} not found; cannot take its lock for pod {namespace}/{pod_name}")
+        meta = node.get("metadata") or {}
+        try:
+            lock = read_node_lock(node, key=key)
+        except AnnotationError as e:
+            log.warning("node %s: malformed %s value (%s); taking it over", node_name, key, e)
+            lock = None
+        if lock is not None:
+            if lock.namespace == namespace and lock.name == pod_name:
+                return
+            age_s = (clock() - lock.time).total_seconds()
+            if age_s <= expiry_s:
+                why = dangling_reason(client, lock, node_name)
+                if why is None:
+                    holder = f"{lock.namespace}/{lock.name}" if lock.name else "an unknown pod (legacy lock)"
+                    raise NodeLockContention(
+                        f"node {node_name} is locked by {holder} since "
+                        f"{encode_node_lock(NodeLock(time=lock.time))} ({int(age_s)}s ago; "
+                        f"expires after {int(expiry_s)}s); pod {namespace}/{pod_name} must wait until "
+                        "that pod's devices are allocated"
+                    )
+                log.info("node %s: taking over lock from %s", node_name, why)
+            else:
+                log.info(
+                    "node %s: lock of %s expired %ds ago; taking it over",
+                    node_name,
+                    lock.name,
+                    int(age_s - expiry_s),
+                )
+        value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
+        try:
+            client.patch_node_annotations(
+                node_name, {key: value}, resource_version=meta.get("resourceVersion")
+            )
+        except Conflict:
+            # The node changed since we read it (maybe another scheduler took the lock): re-read.
+            raise _NodeChanged() from None
+
+    with _holding(mutexes, node_name):
         if cached is not None and _lock_from_cache(
             client, cached, node_name, namespace=namespace, pod_name=pod_name, expiry_s=expiry_s,
             key=key, clock=clock,
         ):  # fmt: skip
             return
-        for step in range(_RETRY_STEPS + 1):
-            node = client.get_node(node_name)
-            if node is None:
-                raise NotFound(
-                    f"node {node_name} not found; cannot take its lock for pod {namespace}/{pod_name}"
-                )
-            meta = node.get("metadata") or {}
-            try:
-                lock = read_node_lock(node, key=key)
-            except AnnotationError as e:
-                log.warning("node %s: malformed %s value (%s); taking it over", node_name, key, e)
-                lock = None
-            if lock is not None:
-                if lock.namespace == namespace and lock.name == pod_name:
-                    return
-                age_s = (clock() - lock.time).total_seconds()
-                if age_s <= expiry_s:
-                    why = dangling_reason(client, lock, node_name)
-                    if why is None:
-                        holder = (
-                            f"{lock.namespace}/{lock.name}" if lock.name else "an unknown pod (legacy lock)"
-                        )
-                        raise NodeLockContention(
-                            f"node {node_name} is locked by {holder} since "
-                            f"{encode_node_lock(NodeLock(time=lock.time))} ({int(age_s)}s ago; "
-                            f"expires after {int(expiry_s)}s); pod {namespace}/{pod_name} must wait until "
-                            "that pod's devices are allocated"
-                        )
-                    log.info("node %s: taking over lock from %s", node_name, why)
-                else:
-                    log.info(
-                        "node %s: lock of %s expired %ds ago; taking it over",
-                        node_name,
-                        lock.name,
-                        int(age_s - expiry_s),
-                    )
-            value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
-            try:
-                client.patch_node_annotations(
-                    node_name, {key: value}, resource_version=meta.get("resourceVersion")
-                )
-                return
-            except Conflict:
-                # The node changed since we read it (maybe another scheduler took the lock): re-read.
-                if step < _RETRY_STEPS:
-                    _sleep_backoff(step)
-        raise Conflict(
-            f"node {node_name} kept changing; could not take its lock for pod {namespace}/{pod_name}"
-        )
+        try:
+            retry_call(attempt, retry_on=(_NodeChanged,), retries=RETRY_STEPS, backoff=RETRY_BACKOFF)
+        except _NodeChanged:
+            raise Conflict(
+                f"node {node_name} kept changing; could not take its lock for pod {namespace}/{pod_name}"
+            ) from None
+
+
+def _holding(mutexes: NodeMutexes | None, node_name: str) -> Any:
+    return nullcontext() if mutexes is None else mutexes.hold(node_name)
 
 
 def _lock_from_cache(
@@ -236,48 +267,58 @@ def _lock_from_cache(
 
 
 def release_node_lock(
-    client: Any, node_name: str, *, namespace: str, pod_name: str, key: str = NODE_LOCK
+    client: Any,
+    node_name: str,
+    *,
+    namespace: str,
+    pod_name: str,
+    key: str = NODE_LOCK,
+    mutexes: NodeMutexes | None = None,
 ) -> bool:
     """Remove the node lock if `namespace`/`pod_name` holds it (or it is a legacy owner-less lock).
 
     Returns True when this call removed it, False when the node is gone, unlocked or locked by
     another pod (which is left alone). Raises Conflict when the node kept changing through all retries.
+    `mutexes` as for `lock_node`.
     """
-    with _node_mutex(node_name):
-        for step in range(_RETRY_STEPS + 1):
-            node = client.get_node(node_name)
-            if node is None:
-                return False
-            try:
-                lock = read_node_lock(node, key=key)
-            except AnnotationError:
-                lock = None
-                log.warning("node %s: malformed %s value; leaving it for the next locker", node_name, key)
-                return False
-            if lock is None:
-                return False
-            if lock.name is not None and (lock.namespace, lock.name) != (namespace, pod_name):
-                log.info(
-                    "node %s: lock belongs to %s/%s, not %s/%s; not releasing",
-                    node_name,
-                    lock.namespace,
-                    lock.name,
-                    namespace,
-                    pod_name,
-                )
-                return False
-            rv = (node.get("metadata") or {}).get("resourceVersion")
-            try:
-                client.patch_node_annotations(node_name, {key: None}, resource_version=rv)
-                return True
-            except NotFound:
-                return False
-            except Conflict:
-                if step < _RETRY_STEPS:
-                    _sleep_backoff(step)
-        raise Conflict(
-            f"node {node_name} kept changing; could not release its lock for pod {namespace}/{pod_name}"
-        )
+
+    def attempt() -> bool:
+        node = client.get_node(node_name)
+        if node is None:
+            return False
+        try:
+            lock = read_node_lock(node, key=key)
+        except AnnotationError:
+            log.warning("node %s: malformed %s value; leaving it for the next locker", node_name, key)
+            return False
+        if lock is None:
+            return False
+        if lock.name is not None and (lock.namespace, lock.name) != (namespace, pod_name):
+            log.info(
+                "node %s: lock belongs to %s/%s, not %s/%s; not releasing",
+                node_name,
+                lock.namespace,
+                lock.name,
+                namespace,
+                pod_name,
+            )
+            return False
+        rv = (node.get("metadata") or {}).get("resourceVersion")
+        try:
+            client.patch_node_annotations(node_name, {key: None}, resource_version=rv)
+        except NotFound:
+            return False
+        except Conflict:
+            raise _NodeChanged() from None
+        return True
+
+    with _holding(mutexes, node_name):
+        try:
+            return retry_call(attempt, retry_on=(_NodeChanged,), retries=RETRY_STEPS, backoff=RETRY_BACKOFF)
+        except _NodeChanged:
+            raise Conflict(
+                f"node {node_name} kept changing; could not release its lock for pod {namespace}/{pod_name}"
+            ) from None
 
 
 def lock_age_s(lock: NodeLock, *, now: datetime | None = None) -> float:
@@ -287,6 +328,9 @@ def lock_age_s(lock: NodeLock, *, now: datetime | None = None) -> float:
 
 __all__ = [
     "NODE_LOCK_EXPIRY_S",
+    "RETRY_BACKOFF",
+    "RETRY_STEPS",
+    "NodeMutexes",
     "dangling_reason",
     "lock_age_s",
     "lock_node",

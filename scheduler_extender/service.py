@@ -47,7 +47,7 @@ from typing import Any
 from hami import annotations as A
 from hami.cluster import ClusterState, FilterOutcome
 from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention, NotFound
-from hami.nodelock import NODE_LOCK_EXPIRY_S, lock_node, release_node_lock
+from hami.nodelock import NODE_LOCK_EXPIRY_S, NodeMutexes, lock_node, release_node_lock
 from scheduler_extender import events as ev
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sync import Inflight
@@ -107,8 +107,11 @@ class Extender:
         inflight: Inflight | None = None,
         pod_lookup: Callable[[str, str], dict[str, Any] | None] = lambda _ns, _name: None,
         node_lookup: Callable[[str], dict[str, Any] | None] = lambda _name: None,
+        node_mutexes: NodeMutexes | None = None,
     ) -> None:
         self.state = state
+        # This process's node-lock writers take turns per node (hami.nodelock.NodeMutexes).
+        self.node_mutexes = node_mutexes if node_mutexes is not None else NodeMutexes()
         self.pod_lookup = pod_lookup
         self.node_lookup = node_lookup
         self.inflight = inflight if inflight is not None else Inflight()
@@ -418,7 +421,7 @@ class Extender:
         try:
             lock_node(
                 self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s,
-                cached=self.node_lookup(node),
+                cached=self.node_lookup(node), mutexes=self.node_mutexes,
             )  # fmt: skip
         except NodeLockContention as e:
             raise BindFailure("lock", f"binding {who} to {node} failed: {e}") from None
@@ -510,7 +513,7 @@ class Extender:
 
     def _unlock(self, node: str, ns: str, name: str) -> None:
         try:
-            release_node_lock(self.client, node, namespace=ns, pod_name=name)
+            release_node_lock(self.client, node, namespace=ns, pod_name=name, mutexes=self.node_mutexes)
         except HamiError as e:
             log.warning("node %s: lock of pod %s/%s not released: %s (it expires)", node, ns, name, e)
 

@@ -8,11 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-import hami.nodelock as nodelock
 from hami.annotations import NODE_LOCK, NodeLock, decode_node_lock, encode_node_lock
 from hami.errors import NodeLockContention, NotFound
 from hami.kube import KubeClient
-from hami.nodelock import lock_node, read_node_lock, release_node_lock
+from hami.nodelock import NodeMutexes, lock_node, read_node_lock, release_node_lock
 from kubefakes.apiserver import FakeApiServer
 from tests.builders import make_node, make_pod
 
@@ -204,11 +203,8 @@ def test_race_with_another_process_is_decided_by_resource_version(
     assert lock_value(store).endswith(",ml,rival")
 
 
-def test_concurrent_lockers_exactly_one_wins(
-    fake_apiserver: FakeApiServer, kubeconfig: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Without the in-process mutex, as if every locker were a separate scheduler process.
-    monkeypatch.setattr(nodelock, "_node_mutex", lambda node: threading.Lock())
+def test_concurrent_lockers_exactly_one_wins(fake_apiserver: FakeApiServer, kubeconfig: str) -> None:
+    # Each locker with its own mutex table, as if every locker were a separate scheduler process.
     store = fake_apiserver.store
     seed(store)
     for i in range(6):
@@ -220,7 +216,7 @@ def test_concurrent_lockers_exactly_one_wins(
         client = KubeClient.from_kubeconfig(kubeconfig, retry_initial_wait_s=0.01)
         barrier.wait()
         try:
-            lock_node(client, "n1", namespace="ml", pod_name=f"p{i}")
+            lock_node(client, "n1", namespace="ml", pod_name=f"p{i}", mutexes=NodeMutexes())
             results[f"p{i}"] = "won"
         except NodeLockContention:
             results[f"p{i}"] = "contention"
@@ -233,6 +229,72 @@ def test_concurrent_lockers_exactly_one_wins(
     winners = [p for p, r in results.items() if r == "won"]
     assert len(results) == 6 and len(winners) == 1
     assert lock_value(store).endswith(f",ml,{winners[0]}")
+
+
+def test_one_process_lockers_take_turns_and_the_mutex_table_empties(
+    fake_apiserver: FakeApiServer, kubeconfig: str
+) -> None:
+    # One table shared by six threads, as in one extender: they take turns, so none of their writes
+    # meets a 409 from another; once nobody holds or waits, the table keeps no entry for the node.
+    store = fake_apiserver.store
+    seed(store)
+    for i in range(6):
+        store.create("pods", make_pod(f"p{i}", "ml"))
+    mutexes = NodeMutexes()
+    requests_before = fake_apiserver.request_count
+    barrier = threading.Barrier(6)
+    results: dict[str, str] = {}
+    peak: list[int] = []
+
+    def contend(i: int) -> None:
+        client = KubeClient.from_kubeconfig(kubeconfig, retry_initial_wait_s=0.01)
+        barrier.wait()
+        try:
+            lock_node(client, "n1", namespace="ml", pod_name=f"p{i}", mutexes=mutexes)
+            results[f"p{i}"] = "won"
+        except NodeLockContention:
+            results[f"p{i}"] = "contention"
+        peak.append(len(mutexes))
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    winners = [p for p, r in results.items() if r == "won"]
+    assert len(results) == 6 and len(winners) == 1
+    # Serialised: one GET + one PATCH for the winner; each loser one GET of the node + one of the owner.
+    assert fake_apiserver.request_count - requests_before == 2 + 5 * 2
+    assert len(mutexes) == 0
+    assert release_node_lock(KubeClient.from_kubeconfig(kubeconfig), "n1", namespace="ml",
+                             pod_name=winners[0], mutexes=mutexes) is True  # fmt: skip
+    assert len(mutexes) == 0
+
+
+def test_node_mutexes_keep_an_entry_only_while_held_or_awaited() -> None:
+    mutexes = NodeMutexes()
+    waiting = threading.Event()
+    entered = threading.Event()
+
+    def second() -> None:
+        waiting.set()
+        with mutexes.hold("n1"):
+            entered.set()
+
+    with mutexes.hold("n1"):
+        with mutexes.hold("n2"):
+            assert len(mutexes) == 2
+        assert len(mutexes) == 1
+        t = threading.Thread(target=second)
+        t.start()
+        waiting.wait(5)
+        assert not entered.is_set()  # n1 is held here: the second holder waits
+    t.join(5)
+    assert entered.is_set() and len(mutexes) == 0
+    for i in range(1000):  # every node ever locked: nothing stays behind
+        with mutexes.hold(f"node-{i}"):
+            pass
+    assert len(mutexes) == 0
 
 
 def test_read_node_lock_decodes_the_annotation() -> None:
