@@ -62,48 +62,115 @@ class PolicyChoice:
         return CardPolicy.TOPOLOGY_AWARE in self.cards
 
 
+class PolicyProblem(StrEnum):
+    """What is wrong with a policy annotation value (`PolicyError.problem`)."""
+
+    UNKNOWN = "unknown"  # a name outside the valid set
+    DUPLICATE = "duplicate"  # a card policy named twice in a chain
+    EMPTY = "empty"  # only commas and blanks
+    MALFORMED = "malformed"  # a weights entry that is not `key=N` with a known key, once
+    INCOMPLETE = "incomplete"  # weights without all three keys, or all zero
+
+
+class PolicyError(InvalidRequest):
+    """A policy annotation value outside the grammar.
+
+    `key` is the annotation, `value` the value as written, `problem` a `PolicyProblem`, `part` the
+    offending piece as written (a chain link or a weights entry, stripped), ``""`` when the whole
+    value is at fault. The message is the scheduler's; the webhook words its denial from the fields.
+    """
+
+    def __init__(self, message: str, *, key: str, value: str, problem: PolicyProblem, part: str = "") -> None:
+        super().__init__(message)
+        self.key, self.value, self.problem, self.part = key, value, problem, part
+
+
+#: The pod annotations that override the configured policies (hami-legacy-spec §1.3).
+POLICY_KEYS = (A.NODE_SCHEDULER_POLICY, A.GPU_SCHEDULER_POLICY, A.DEVICE_SCORING_WEIGHTS)
+
+
+def is_set(value: str | None) -> bool:
+    """Whether a policy annotation value overrides the default: empty or blank means "not set" (HAMi)."""
+    return bool(value and value.strip())
+
+
 def parse_card_policy(value: str) -> tuple[CardPolicy, ...]:
-    """A card policy or an ordered comma chain (``"binpack,numa"``), trimmed. Raises InvalidRequest."""
-    parts = [p.strip().lower() for p in value.split(",") if p.strip()]
+    """A card policy or an ordered comma chain (``"binpack,numa"``): the grammar the scheduler and the
+    webhook share. Names are trimmed and case-insensitive, empty links (``"binpack,"``) are dropped,
+    each name may appear once. Raises PolicyError (an InvalidRequest) naming the annotation.
+    """
+    raw = [p.strip() for p in value.split(",") if p.strip()]
+    parts = [p.lower() for p in raw]
+    key = A.GPU_SCHEDULER_POLICY
     if not parts:
-        raise InvalidRequest(
-            f"{A.GPU_SCHEDULER_POLICY}: empty value; valid: {', '.join(CARD_POLICIES)} or a comma chain"
-        )
-    bad = [p for p in parts if p not in CARD_POLICIES]
-    if bad:
-        raise InvalidRequest(
-            f"{A.GPU_SCHEDULER_POLICY}: unknown policy {bad[0]!r}; valid: {', '.join(CARD_POLICIES)} "
-            "or a comma chain of them such as 'binpack,numa'"
-        )
+        raise PolicyError(
+            f"{key}: empty value; valid: {', '.join(CARD_POLICIES)} or a comma chain",
+            key=key, value=value, problem=PolicyProblem.EMPTY,
+        )  # fmt: skip
+    for p, written in zip(parts, raw, strict=True):
+        if p not in CARD_POLICIES:
+            raise PolicyError(
+                f"{key}: unknown policy {p!r}; valid: {', '.join(CARD_POLICIES)} "
+                "or a comma chain of them such as 'binpack,numa'",
+                key=key, value=value, problem=PolicyProblem.UNKNOWN, part=written,
+            )  # fmt: skip
+    if len(set(parts)) != len(parts):
+        raise PolicyError(
+            f"{key}: {value!r} names a policy twice; each may appear once",
+            key=key, value=value, problem=PolicyProblem.DUPLICATE,
+        )  # fmt: skip
     return tuple(CardPolicy(p) for p in parts)
 
 
 def parse_node_policy(value: str) -> NodePolicy:
-    """``binpack`` or ``spread`` (trimmed, case-insensitive). Raises InvalidRequest."""
+    """``binpack`` or ``spread`` (trimmed, case-insensitive). Raises PolicyError (an InvalidRequest)."""
     v = value.strip().lower()
     if v not in NODE_POLICIES:
-        raise InvalidRequest(
-            f"{A.NODE_SCHEDULER_POLICY}: unknown policy {value!r}; valid: {', '.join(NODE_POLICIES)}"
-        )
+        raise PolicyError(
+            f"{A.NODE_SCHEDULER_POLICY}: unknown policy {value!r}; valid: {', '.join(NODE_POLICIES)}",
+            key=A.NODE_SCHEDULER_POLICY, value=value, problem=PolicyProblem.UNKNOWN, part=value.strip(),
+        )  # fmt: skip
     return NodePolicy(v)
 
 
 def parse_weights(value: str) -> ScoringWeights:
-    """``slot=1,core=1,memory=3``: exactly these three keys, integers >= 0, at least one > 0.
-
-    Raises InvalidRequest naming the annotation and the valid form.
+    """``slot=1,core=1,memory=3``: exactly these three keys in any order, whole numbers >= 0, at least
+    one > 0. Raises PolicyError (an InvalidRequest) naming the annotation and the valid form.
     """
-    form = f"{A.DEVICE_SCORING_WEIGHTS}: {value!r}; valid form 'slot=N,core=N,memory=N' with integers >= 0, one > 0"
+    key = A.DEVICE_SCORING_WEIGHTS
+    form = f"{key}: {value!r}; valid form 'slot=N,core=N,memory=N' with integers >= 0, one > 0"
     out: dict[str, int] = {}
     for part in value.split(","):
         k, sep, v = part.partition("=")
         k, v = k.strip(), v.strip()
         if not sep or k not in ("slot", "core", "memory") or k in out or not v.isdigit():
-            raise InvalidRequest(form)
+            raise PolicyError(form, key=key, value=value, problem=PolicyProblem.MALFORMED, part=part.strip())
         out[k] = int(v)
     if set(out) != {"slot", "core", "memory"} or not any(out.values()):
-        raise InvalidRequest(form)
+        raise PolicyError(form, key=key, value=value, problem=PolicyProblem.INCOMPLETE)
     return ScoringWeights(**out)
+
+
+#: The parser of each policy annotation.
+POLICY_PARSERS = {
+    A.NODE_SCHEDULER_POLICY: parse_node_policy,
+    A.GPU_SCHEDULER_POLICY: parse_card_policy,
+    A.DEVICE_SCORING_WEIGHTS: parse_weights,
+}
+
+
+def policy_errors(annotations: Mapping[str, str]) -> list[PolicyError]:
+    """The errors of a pod's set policy annotations (blank ones are not set), in `POLICY_KEYS` order:
+    what the webhook denies and what the scheduler would replace by its defaults with a warning."""
+    out = []
+    for key in POLICY_KEYS:
+        value = annotations.get(key)
+        if is_set(value):
+            try:
+                POLICY_PARSERS[key](str(value))
+            except PolicyError as e:
+                out.append(e)
+    return out
 
 
 def choose_policies(annotations: Mapping[str, str], *, node_default: str, card_default: str) -> PolicyChoice:
@@ -115,17 +182,17 @@ def choose_policies(annotations: Mapping[str, str], *, node_default: str, card_d
     node = NodePolicy(node_default)
     cards = parse_card_policy(card_default)
     weights = ScoringWeights()
-    if (v := annotations.get(A.NODE_SCHEDULER_POLICY) or "").strip():
+    if is_set(v := annotations.get(A.NODE_SCHEDULER_POLICY)):
         try:
             node = parse_node_policy(v)
         except InvalidRequest as e:
             warnings.append(f"{e}; using the default {node_default!r}")
-    if (v := annotations.get(A.GPU_SCHEDULER_POLICY) or "").strip():
+    if is_set(v := annotations.get(A.GPU_SCHEDULER_POLICY)):
         try:
             cards = parse_card_policy(v)
         except InvalidRequest as e:
             warnings.append(f"{e}; using the default {card_default!r}")
-    if (v := annotations.get(A.DEVICE_SCORING_WEIGHTS) or "").strip():
+    if is_set(v := annotations.get(A.DEVICE_SCORING_WEIGHTS)):
         try:
             weights = parse_weights(v)
         except InvalidRequest as e:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as keys
+from hami import scoring
 from hami.errors import InvalidRequest
 from hami.model import ContainerRequest
 from hami.quota import pod_demand
@@ -258,7 +259,7 @@ class Mutator:
         m_ann = m_meta.get("annotations") or {}
         policy_errors = []
         for key, check in rules.POLICY_CHECKS.items():
-            if key in m_ann:
+            if scoring.is_set(m_ann.get(key)):  # blank = not set, as the scheduler reads it
                 try:
                     check(str(m_ann[key]))
                 except InvalidRequest as exc:

@@ -13,10 +13,10 @@ import difflib
 from collections.abc import Iterable, Mapping
 
 from hami import annotations as keys
+from hami import scoring
 from hami.config import CARD_POLICIES, NODE_POLICIES
 from hami.errors import InvalidRequest
 
-WEIGHT_KEYS = ("slot", "core", "memory")
 #: Keys HAMi writes on pods besides the per-vendor allocation lists (never set by users).
 HAMI_WRITTEN_KEYS = (
     keys.ASSIGNED_NODE,
@@ -25,7 +25,7 @@ HAMI_WRITTEN_KEYS = (
     keys.BIND_TIME,
     keys.MIG_ALLOCATIONS,
 )
-POLICY_KEYS = (keys.NODE_SCHEDULER_POLICY, keys.GPU_SCHEDULER_POLICY, keys.DEVICE_SCORING_WEIGHTS)
+POLICY_KEYS = scoring.POLICY_KEYS
 HAMI_PREFIX = "hami.io/"
 #: Annotation warnings itemised per review; the rest are counted in one line.
 MAX_ANNOTATION_WARNINGS = 10
@@ -33,55 +33,53 @@ IGNORE_VALUE = "ignore"
 
 
 def check_node_policy(value: str) -> None:
-    """`hami.io/node-scheduler-policy`: empty (use the default) or one of binpack, spread.
+    """`hami.io/node-scheduler-policy`: empty (use the default) or one of binpack, spread, by the
+    scheduler's own grammar (`hami.scoring.parse_node_policy`: trimmed, case-insensitive).
 
     Raises InvalidRequest naming the annotation and the valid values.
     """
-    v = value.strip()
-    if v and v not in NODE_POLICIES:
+    if not scoring.is_set(value):
+        return
+    try:
+        scoring.parse_node_policy(value)
+    except scoring.PolicyError:
         raise InvalidRequest(
             f"annotation {keys.NODE_SCHEDULER_POLICY}: {value!r} is not a node policy; "
             f"valid: {', '.join(NODE_POLICIES)}"
-        )
+        ) from None
 
 
 def check_gpu_policy(value: str) -> None:
     """`hami.io/gpu-scheduler-policy`: empty, or a comma chain of binpack, spread, numa, mutex,
-    topology-aware (e.g. ``binpack,numa``), each at most once. Raises InvalidRequest."""
-    v = value.strip()
-    if not v:
+    topology-aware (e.g. ``binpack,numa``), each at most once, by the scheduler's own grammar
+    (`hami.scoring.parse_card_policy`: case-insensitive, empty links dropped). Raises InvalidRequest."""
+    if not scoring.is_set(value):
         return
-    parts = [p.strip() for p in v.split(",")]
-    for p in parts:
-        if p not in CARD_POLICIES:
+    try:
+        scoring.parse_card_policy(value)
+    except scoring.PolicyError as e:
+        if e.problem is scoring.PolicyProblem.DUPLICATE:
             raise InvalidRequest(
-                f"annotation {keys.GPU_SCHEDULER_POLICY}: {p!r} in {value!r} is not a card policy; "
-                f"valid: {', '.join(CARD_POLICIES)} or a comma chain of them such as 'binpack,numa'"
-            )
-    if len(set(parts)) != len(parts):
+                f"annotation {keys.GPU_SCHEDULER_POLICY}: {value!r} names a policy twice; each may appear once"
+            ) from None
         raise InvalidRequest(
-            f"annotation {keys.GPU_SCHEDULER_POLICY}: {value!r} names a policy twice; each may appear once"
-        )
+            f"annotation {keys.GPU_SCHEDULER_POLICY}: {e.part!r} in {value!r} is not a card policy; "
+            f"valid: {', '.join(CARD_POLICIES)} or a comma chain of them such as 'binpack,numa'"
+        ) from None
 
 
 def check_scoring_weights(value: str) -> None:
     """`hami.io/device-scoring-weights`: exactly ``slot=N,core=N,memory=N`` in any order, N whole >= 0,
-    at least one positive (hami-legacy-spec §1.3). Raises InvalidRequest."""
+    at least one positive (hami-legacy-spec §1.3), by the scheduler's own grammar
+    (`hami.scoring.parse_weights`). Raises InvalidRequest."""
     valid = "exactly slot=N,core=N,memory=N with whole numbers N >= 0, at least one positive"
-    seen: dict[str, int] = {}
-    for part in value.split(","):
-        name, sep, number = part.partition("=")
-        name, number = name.strip(), number.strip()
-        if not sep or name not in WEIGHT_KEYS or name in seen or not number.isdigit():
-            raise InvalidRequest(
-                f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {value!r} is invalid at {part.strip()!r}; "
-                f"valid: {valid}"
-            )
-        seen[name] = int(number)
-    if set(seen) != set(WEIGHT_KEYS) or not any(seen.values()):
+    try:
+        scoring.parse_weights(value)
+    except scoring.PolicyError as e:
+        at = f" at {e.part!r}" if e.problem is scoring.PolicyProblem.MALFORMED else ""
         raise InvalidRequest(
-            f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {value!r} is invalid; valid: {valid}"
-        )
+            f"annotation {keys.DEVICE_SCORING_WEIGHTS}: {value!r} is invalid{at}; valid: {valid}"
+        ) from None
 
 
 POLICY_CHECKS = {

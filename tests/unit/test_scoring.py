@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from hami.errors import InvalidRequest
@@ -5,6 +7,8 @@ from hami.model import Device, DeviceUsage
 from hami.scoring import (
     CardPolicy,
     NodePolicy,
+    PolicyError,
+    PolicyProblem,
     ScoringWeights,
     best_combination,
     card_score,
@@ -12,6 +16,7 @@ from hami.scoring import (
     node_score,
     order_cards,
     parse_card_policy,
+    parse_node_policy,
     parse_weights,
 )
 
@@ -88,3 +93,60 @@ def test_best_combination_prefers_highest_total_pair_score():
     s = {"a": {"b": 1, "c": 100}, "b": {"a": 1, "c": 1}, "c": {"a": 100, "b": 1}}
     assert sorted(best_combination(["a", "b", "c"], 2, s)) == ["a", "c"]
     assert best_combination(["a", "b", "c"], 1, s) == ["b"]
+
+
+# --- one grammar for the policy annotations (webhook and scheduler) ------------------------------
+
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+NODE_POLICY = "hami.io/node-scheduler-policy"
+WEIGHTS = "hami.io/device-scoring-weights"
+
+
+def test_policy_names_are_case_insensitive_and_empty_links_are_dropped():
+    assert parse_node_policy(" Spread ") is NodePolicy.SPREAD
+    assert parse_card_policy("Binpack") == (CardPolicy.BINPACK,)
+    assert parse_card_policy("binpack,") == (CardPolicy.BINPACK,)
+    assert parse_card_policy("SPREAD, ,Topology-Aware") == (CardPolicy.SPREAD, CardPolicy.TOPOLOGY_AWARE)
+
+
+def test_a_policy_named_twice_is_an_error_with_its_kind():
+    with pytest.raises(PolicyError, match="names a policy twice") as e:
+        parse_card_policy("binpack,Binpack")
+    assert (e.value.key, e.value.problem) == (GPU_POLICY, PolicyProblem.DUPLICATE)
+    with pytest.raises(PolicyError) as e:
+        parse_card_policy("binpack, Nuam")
+    assert (e.value.problem, e.value.part) == (PolicyProblem.UNKNOWN, "Nuam")
+    with pytest.raises(PolicyError) as e:
+        parse_weights("slot=1,core=x,memory=1")
+    assert (e.value.key, e.value.problem, e.value.part) == (WEIGHTS, PolicyProblem.MALFORMED, "core=x")
+
+
+POLICY_VALUES = [
+    (NODE_POLICY, "Binpack"), (NODE_POLICY, "SPREAD"), (NODE_POLICY, " spread "), (NODE_POLICY, "binpak"),
+    (NODE_POLICY, ""), (GPU_POLICY, "Binpack"), (GPU_POLICY, "Spread"), (GPU_POLICY, "binpack,"),
+    (GPU_POLICY, "binpack, numa"), (GPU_POLICY, "binpack,nuam"), (GPU_POLICY, ","), (GPU_POLICY, "spread,spread"),
+    (GPU_POLICY, " "), (WEIGHTS, "slot=1,core=1,memory=3"), (WEIGHTS, "slot=1,core=1"), (WEIGHTS, ""),
+    (WEIGHTS, "slot=0,core=0,memory=0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), POLICY_VALUES, ids=[f"{k.split('/')[1]}={v!r}" for k, v in POLICY_VALUES]
+)
+def test_webhook_denies_exactly_the_policy_values_the_scheduler_would_not_use(key, value):
+    from hami.vendors import build_vendors
+    from webhook.app import review_body
+    from webhook.mutate import Mutator
+
+    warned = choose_policies({key: value}, node_default="binpack", card_default="spread").warnings
+    pod = {
+        "metadata": {"name": "p", "annotations": {key: value}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }
+    body = json.dumps({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
+                    "namespace": "ml", "object": pod},
+    }).encode()  # fmt: skip
+    _, reply, _ = review_body(Mutator(list(build_vendors().values())), body)
+    assert reply["response"]["allowed"] is not bool(warned), (warned, reply["response"].get("status"))
