@@ -38,11 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
-
 from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
-from device_plugin.server import AllocationRefused
+from device_plugin.errors import AllocationRefused, ApiUnavailable
 from hami import annotations as ann
 from hami.errors import AnnotationError, HamiError, InvalidRequest
 from hami.model import ContainerDevice
@@ -331,7 +329,7 @@ class Allocator:
         (hami-legacy-spec §3.4). Consumed entries are emptied in ``hami.io/vgpu-devices-to-allocate``;
         after the pod's last one, bind-phase ``success`` and the lock is released. Raises
         AllocationRefused (reason + message naming pod, container and mismatch) after setting
-        bind-phase ``failed`` and releasing the lock; code UNAVAILABLE when the API server failed.
+        bind-phase ``failed`` and releasing the lock; ApiUnavailable when the API server failed.
         """
         async with self._lock:
             pending = await self._pending_pod()
@@ -534,10 +532,6 @@ class Allocator:
         try:
             return await asyncio.to_thread(fn, *args, **kwargs)
         except HamiError as e:
-            raise AllocationRefused(
-                "api_error", f"API server: {e}", code=grpc.StatusCode.UNAVAILABLE
-            ) from None
+            raise ApiUnavailable("api_error", f"API server: {e}") from None
         except Exception as e:  # noqa: BLE001 - connection errors of the kubernetes client
-            raise AllocationRefused(
-                "api_error", f"API server: {type(e).__name__}: {e}", code=grpc.StatusCode.UNAVAILABLE
-            ) from None
+            raise ApiUnavailable("api_error", f"API server: {type(e).__name__}: {e}") from None

@@ -19,9 +19,9 @@ from device_plugin.allocator import Allocator, AllocatorSettings
 from device_plugin.api import DEFAULT_SOCKET_DIR
 from device_plugin.backends.base import Backend
 from device_plugin.devices import DeviceState
+from device_plugin.kubelet import KubeletRegistration
 from device_plugin.metrics import PluginMetrics, metrics_app
 from device_plugin.node_register import INTERVAL_S, NodeRegistrar
-from device_plugin.kubelet import KubeletRegistration
 from device_plugin.server import DevicePluginService
 from hami.config import DeviceConfig
 
@@ -192,6 +192,6 @@ class _NoKube:
         return [[] for _ in requests]
 
     async def allocate(self, requests: Sequence[Sequence[str]]) -> list:
-        from device_plugin.server import AllocationRefused
+        from device_plugin.errors import AllocationRefused
 
         raise AllocationRefused("no_api_server", "the device plugin runs without an API server connection")

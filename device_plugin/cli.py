@@ -1,6 +1,8 @@
 """The ``hami-device-plugin`` command: flags and environment -> `DevicePluginApp`, run until SIGTERM/SIGINT.
 
-Precedence: flag, then environment variable, then device config file, then built-in default.
+Precedence, the rule of every server (`hami.settings`): flag > ``HAMI_DEVICE_PLUGIN_<FLAG_NAME>`` >
+HAMi's variable name (`ENV_ALIASES`: ``NODE_NAME``, ``CONFIG_FILE``, ...) > device config file
+(resource and scheduler name) > built-in default.
 """
 
 from __future__ import annotations
@@ -11,108 +13,183 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from device_plugin.api import DEFAULT_SOCKET_DIR
 from device_plugin.backends import BACKENDS, make_backend
+from hami import settings
+from hami.config import DeviceConfig, load_config_file
 from hami.errors import HamiError
+
+__all__ = ["ENV_ALIASES", "ENV_PREFIX", "CommandOptions", "build_parser", "main", "parse_options", "run"]
+
+ENV_PREFIX = "HAMI_DEVICE_PLUGIN_"
+#: Flag dest -> HAMi's (and Kubernetes tooling's) variable names, read after ``HAMI_DEVICE_PLUGIN_<DEST>``.
+ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "node_name": ("NODE_NAME",),
+    "device_config": ("CONFIG_FILE",),
+    "resource_name": ("RESOURCE_NAME",),
+    "socket_dir": ("DEVICE_PLUGIN_DIR",),
+    "kubeconfig": ("KUBECONFIG",),
+    "backend": ("DP_BACKEND",),
+    "fake_config": ("FAKE_CARDS",),
+    "scheduler_name": ("SCHEDULER_NAME",),
+    "hook_path": ("HOOK_PATH",),
+    "lock_dir": ("VGPU_LOCK_DIR",),
+    "metrics_port": ("METRICS_PORT",),
+    "metrics_host": ("METRICS_HOST",),
+}
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """Every ``hami-device-plugin`` option, resolved (`parse_options`); names are the flags'."""
+
+    node_name: str | None = None
+    """``--node-name`` (``NODE_NAME``): this node; required."""
+    device_config: str | None = None
+    """``--device-config`` (``CONFIG_FILE``): device-config.yaml path; None = built-in defaults."""
+    resource_name: str = "nvidia.com/gpu"
+    """``--resource-name`` (``RESOURCE_NAME``); default the config's ``nvidia.resourceCountName``."""
+    socket_dir: str = DEFAULT_SOCKET_DIR
+    """``--socket-dir`` (``DEVICE_PLUGIN_DIR``): kubelet's device plugin directory."""
+    kubeconfig: str | None = None
+    """``--kubeconfig`` (``KUBECONFIG``); None = in-cluster service account."""
+    no_kube: bool = False
+    """``--no-kube``: run without an API server (advertise only; Allocate refuses)."""
+    backend: str = "nvidia"
+    """``--backend`` (``DP_BACKEND``): card source, one of `device_plugin.backends.BACKENDS`."""
+    fake_config: str | None = None
+    """``--fake-config`` (``FAKE_CARDS``): CARDS.yaml of ``--backend fake``."""
+    scheduler_name: str = "hami-scheduler"
+    """``--scheduler-name`` (``SCHEDULER_NAME``); default the config's ``scheduler.schedulerName``."""
+    hook_path: str = "/usr/local"
+    """``--hook-path`` (``HOOK_PATH``): libvgpu.so and ld.so.preload live in ``<hook-path>/vgpu``."""
+    lock_dir: str = "/tmp/vgpulock"
+    """``--lock-dir`` (``VGPU_LOCK_DIR``): host directory mounted at /tmp/vgpulock in containers."""
+    metrics_port: int = 9396
+    """``--metrics-port`` (``METRICS_PORT``): /metrics and /healthz port; -1 = no metrics server."""
+    metrics_host: str = "0.0.0.0"
+    """``--metrics-host`` (``METRICS_HOST``): metrics listen address."""
+    register_interval_s: float = 30.0
+    """``--register-interval``, seconds between node registration annotation checks (default 30 s)."""
+    verbose: bool = False
+    """``-v/--verbose``: debug logging."""
+    config: DeviceConfig = field(default_factory=DeviceConfig, compare=False, repr=False)
+    """The parsed `device_config` file."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line; each flag's default is its environment variable (see docs/device-plugin.md)."""
-    env = os.environ.get
+    """Every flag with its built-in default; environment and config are layered by `parse_options`
+    (see docs/device-plugin.md)."""
     p = argparse.ArgumentParser(
         prog="hami-device-plugin",
         description="HAMi legacy-mode NVIDIA device plugin (kubelet device plugin API v1beta1).",
     )
-    p.add_argument("--node-name", default=env("NODE_NAME"), help="this node's name (env NODE_NAME; required)")
+    p.add_argument("--node-name", help="this node's name (env NODE_NAME; required)")
     p.add_argument(
         "--device-config",
-        default=env("CONFIG_FILE"),
         help="device-config.yaml shared with the scheduler (env CONFIG_FILE); default: built-in defaults",
     )
     p.add_argument(
         "--resource-name",
-        default=env("RESOURCE_NAME"),
         help="resource to advertise; default nvidia.resourceCountName of the device config (nvidia.com/gpu)",
     )
     p.add_argument(
         "--socket-dir",
-        default=env("DEVICE_PLUGIN_DIR", DEFAULT_SOCKET_DIR),
+        default=DEFAULT_SOCKET_DIR,
         help=f"kubelet's device plugin directory (default {DEFAULT_SOCKET_DIR})",
     )
     p.add_argument(
-        "--kubeconfig",
-        default=env("KUBECONFIG"),
-        help="kubeconfig file (env KUBECONFIG); default: in-cluster service account",
+        "--kubeconfig", help="kubeconfig file (env KUBECONFIG); default: in-cluster service account"
     )
     p.add_argument(
         "--no-kube",
         action="store_true",
         help="run without an API server (advertise devices only; Allocate refuses)",
     )
-    p.add_argument("--backend", choices=BACKENDS, default=env("DP_BACKEND", "nvidia"), help="card source")
-    p.add_argument("--fake-config", default=env("FAKE_CARDS"), help="CARDS.yaml for --backend fake")
+    p.add_argument("--backend", choices=BACKENDS, default="nvidia", help="card source")
+    p.add_argument("--fake-config", help="CARDS.yaml for --backend fake")
     p.add_argument(
         "--scheduler-name",
-        default=env("SCHEDULER_NAME"),
         help="only pods of this scheduler are served; default scheduler.schedulerName (hami-scheduler)",
     )
     p.add_argument(
         "--hook-path",
-        default=env("HOOK_PATH", "/usr/local"),
+        default="/usr/local",
         help="HAMi's HOOK_PATH: libvgpu.so and ld.so.preload live in <hook-path>/vgpu (default /usr/local)",
     )
     p.add_argument(
-        "--lock-dir",
-        default=env("VGPU_LOCK_DIR", "/tmp/vgpulock"),
-        help="host directory mounted at /tmp/vgpulock in containers",
+        "--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock in containers"
     )
     p.add_argument(
         "--metrics-port",
         type=int,
-        # A string default: argparse applies type=int to it, so a bad METRICS_PORT is a usage error.
-        default=env("METRICS_PORT", "9396"),
+        default=9396,
         help="port of /metrics and /healthz (default 9396; -1 disables)",
     )
-    p.add_argument("--metrics-host", default=env("METRICS_HOST", "0.0.0.0"))
+    p.add_argument("--metrics-host", default="0.0.0.0")
     p.add_argument(
         "--register-interval",
-        type=float,
+        type=settings.argtype(settings.duration),
         default=30.0,
-        help="seconds between node registration annotation checks (default 30)",
+        help="seconds between node registration annotation checks (default 30; 30s, 1m also accepted)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p  # fmt: skip
 
 
-async def run(args: argparse.Namespace, *, stop: asyncio.Event | None = None) -> int:
-    """Start the plugin from parsed `args` and run until `stop` is set (or SIGTERM/SIGINT). Exit status."""
-    from device_plugin.app import DevicePluginApp, PluginOptions
-    from hami.config import load_config_file
+def parse_options(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CommandOptions:
+    """Flag > ``HAMI_DEVICE_PLUGIN_*`` > HAMi's variable names > device config > default (`hami.settings`).
 
-    config = load_config_file(args.device_config)
-    options = PluginOptions(
-        node_name=args.node_name,
-        config=config,
-        resource_name=args.resource_name,
-        scheduler_name=args.scheduler_name,
-        socket_dir=args.socket_dir,
-        hook_path=args.hook_path,
-        lock_dir=args.lock_dir,
-        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
-        metrics_host=args.metrics_host,
-        register_interval_s=args.register_interval,
+    Exits 2 with the usage message for a bad flag or environment value; raises ConfigError for a bad
+    device config file.
+    """
+    env = os.environ if env is None else env
+    loaded: dict[str, DeviceConfig] = {}
+
+    def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
+        # The config file supplies the resource name (per node) and the scheduler name.
+        config = loaded["config"] = load_config_file(values["device_config"] or None)
+        nvidia = config.nvidia_for_node(values["node_name"] or "")
+        return {"resource_name": nvidia.resourceCountName, "scheduler_name": config.scheduler.schedulerName}
+
+    values = settings.resolve(
+        build_parser(), argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
+    )
+    values["register_interval_s"] = values.pop("register_interval")
+    return CommandOptions(config=loaded["config"], **values)
+
+
+async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> int:
+    """Start the plugin for `options` and run until `stop` is set (or SIGTERM/SIGINT). Exit status."""
+    from device_plugin.app import DevicePluginApp, PluginOptions
+
+    o = options
+    plugin_options = PluginOptions(
+        node_name=o.node_name or "",
+        config=o.config,
+        resource_name=o.resource_name,
+        scheduler_name=o.scheduler_name,
+        socket_dir=o.socket_dir,
+        hook_path=o.hook_path,
+        lock_dir=o.lock_dir,
+        metrics_port=None if o.metrics_port < 0 else o.metrics_port,
+        metrics_host=o.metrics_host,
+        register_interval_s=o.register_interval_s,
     )
     kube = None
-    if not args.no_kube:
+    if not o.no_kube:
         from hami.kube import KubeClient
 
-        kube = KubeClient.from_kubeconfig(args.kubeconfig)
-    nvidia = config.nvidia_for_node(args.node_name)
+        kube = KubeClient.from_kubeconfig(o.kubeconfig)
+    nvidia = o.config.nvidia_for_node(plugin_options.node_name)
     backend = make_backend(
-        args.backend, fake_config=args.fake_config, preconfigured_memory_mib=nvidia.preConfiguredDeviceMemory
+        o.backend, fake_config=o.fake_config, preconfigured_memory_mib=nvidia.preConfiguredDeviceMemory
     )
-    app = DevicePluginApp(options, backend, kube)
+    app = DevicePluginApp(plugin_options, backend, kube)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -131,16 +208,20 @@ def main(argv: list[str] | None = None) -> int:
     Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
     stderr), 2 for usage errors (missing node name, bad flag or environment value).
     """
-    args = build_parser().parse_args(argv)
+    try:
+        options = parse_options(argv)
+    except HamiError as e:
+        print(f"hami-device-plugin: {e}", file=sys.stderr)
+        return 1
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if options.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.node_name:
+    if not options.node_name:
         print("hami-device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(run(args))
+        return asyncio.run(run(options))
     except HamiError as e:
         print(f"hami-device-plugin: {e}", file=sys.stderr)
         return 1

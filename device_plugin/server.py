@@ -21,20 +21,26 @@ from device_plugin.api import HEALTHY, UNHEALTHY
 from device_plugin.api import api_pb2 as pb
 from device_plugin.api import api_pb2_grpc as rpc
 from device_plugin.devices import DeviceState
+from device_plugin.errors import AllocationRefused, ApiUnavailable
+
+__all__ = [
+    "AllocationPolicy",
+    "AllocationRefused",
+    "DevicePluginService",
+    "list_response",
+    "options",
+    "status_code",
+]
 
 log = logging.getLogger(__name__)
 
 
-class AllocationRefused(Exception):
-    """Allocate cannot be answered; `reason` is a short metric label, the message goes to kubelet."""
-
-    def __init__(
-        self, reason: str, message: str, *, code: grpc.StatusCode = grpc.StatusCode.FAILED_PRECONDITION
-    ):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.code = code
+def status_code(error: AllocationRefused) -> grpc.StatusCode:
+    """The gRPC status of a refused Allocate: UNAVAILABLE when the API server failed (worth a retry),
+    else FAILED_PRECONDITION (the pod or node is not in a state that can be served)."""
+    if isinstance(error, ApiUnavailable):
+        return grpc.StatusCode.UNAVAILABLE
+    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 class AllocationPolicy(Protocol):
@@ -139,7 +145,7 @@ class DevicePluginService(rpc.DevicePluginServicer):
         except AllocationRefused as e:
             log.warning("Allocate %s refused (%s): %s", reqs, e.reason, e.message)
             self.on_allocate_error(e.reason)
-            await context.abort(e.code, e.message)
+            await context.abort(status_code(e), e.message)
         except Exception as e:  # never show a stack trace to kubelet / the user
             log.exception("Allocate %s failed unexpectedly", reqs)
             self.on_allocate_error("internal")

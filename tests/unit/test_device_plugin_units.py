@@ -559,3 +559,149 @@ def test_documented_cards_yaml_gives_the_documented_registration():
     state = DeviceState(parse_cards(yaml.safe_load(cards_yaml.group(1))), split_count=10)
     value = encode_node_devices_json(state.registration(memory_scaling=1.0, core_scaling=1.0))
     assert f"\nhami.io/node-nvidia-register: {value}\n" in text
+
+
+# ----- gRPC status codes: chosen by the server from the allocator's typed errors
+
+
+class _AbortContext:
+    def __init__(self) -> None:
+        self.aborted: tuple[object, str] | None = None
+
+    async def abort(self, code, details):  # noqa: ANN001
+        self.aborted = (code, details)
+        raise RuntimeError("aborted")
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        ("refused", "FAILED_PRECONDITION"),
+        ("api_unavailable", "UNAVAILABLE"),
+        ("bug", "INTERNAL"),
+    ],
+    ids=["refused", "api-unavailable", "bug"],
+)
+def test_allocate_status_code_is_chosen_by_the_server(error, code):
+    import grpc
+
+    from device_plugin.errors import AllocationRefused, ApiUnavailable
+    from device_plugin.server import DevicePluginService
+
+    raised = {
+        "refused": AllocationRefused("lock_missing", "no lock"),
+        "api_unavailable": ApiUnavailable("api_error", "API server: down"),
+        "bug": KeyError("x"),
+    }[error]
+
+    class Policy:
+        async def allocate(self, requests):
+            raise raised
+
+    reasons: list[str] = []
+    service = DevicePluginService(
+        DeviceState(CARDS, split_count=3), Policy(), on_allocate_error=reasons.append
+    )
+    ctx = _AbortContext()
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["GPU-a-0"])])
+    with pytest.raises(RuntimeError, match="aborted"):
+        asyncio.run(service.Allocate(request, ctx))
+    assert ctx.aborted is not None and ctx.aborted[0] == getattr(grpc.StatusCode, code)
+    assert reasons == [{"refused": "lock_missing", "api_unavailable": "api_error", "bug": "internal"}[error]]
+
+
+def test_allocator_raises_typed_errors_without_grpc():
+    import device_plugin.allocator as allocator_module
+    from device_plugin.errors import ApiUnavailable
+    from hami.errors import ApiError
+
+    assert "grpc" not in vars(allocator_module)
+    allocator = _allocator([])
+
+    def down():
+        raise ApiError("connection refused", status=None, reason="Transport")
+
+    with pytest.raises(ApiUnavailable, match="API server: connection refused") as e:
+        asyncio.run(allocator._call(down))
+    assert e.value.reason == "api_error"
+
+
+# ----- flags and environment: flag > HAMI_DEVICE_PLUGIN_* > HAMi's names > config > default
+
+
+def test_every_flag_has_an_environment_variable_and_hami_names_stay_aliases():
+    from dataclasses import fields
+
+    from device_plugin.cli import ENV_PREFIX, CommandOptions, build_parser, parse_options
+
+    env = {
+        "HAMI_DEVICE_PLUGIN_NODE_NAME": "n-new",
+        "NODE_NAME": "n-old",
+        "CONFIG_FILE": "",
+        "HAMI_DEVICE_PLUGIN_REGISTER_INTERVAL": "1m",
+        "HAMI_DEVICE_PLUGIN_NO_KUBE": "true",
+        "VGPU_LOCK_DIR": "/locks",
+        "HAMI_DEVICE_PLUGIN_VERBOSE": "yes",
+    }
+    o = parse_options(["--lock-dir", "/flag"], env=env)
+    assert (o.node_name, o.register_interval_s, o.no_kube, o.lock_dir, o.verbose) == (
+        "n-new",
+        60.0,
+        True,
+        "/flag",
+        True,
+    )
+    assert parse_options([], env={"NODE_NAME": "n-old", "VGPU_LOCK_DIR": "/locks"}).lock_dir == "/locks"
+    dests = {a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    # Every flag is an option field (and so has its HAMI_DEVICE_PLUGIN_<DEST> variable).
+    assert ENV_PREFIX == "HAMI_DEVICE_PLUGIN_"
+    assert dests == ({f.name for f in fields(CommandOptions)} - {"config", "register_interval_s"}) | {
+        "register_interval"
+    }
+
+
+def test_config_file_supplies_resource_and_scheduler_name_below_flags_and_env(tmp_path):
+    from device_plugin.cli import parse_options
+
+    cfg = tmp_path / "device-config.yaml"
+    cfg.write_text("nvidia:\n  resourceCountName: example.com/vgpu\nscheduler:\n  schedulerName: my-sched\n")
+    o = parse_options(["--node-name", "n", "--device-config", str(cfg)], env={})
+    assert (o.resource_name, o.scheduler_name) == ("example.com/vgpu", "my-sched")
+    o = parse_options(["--node-name", "n"], env={"CONFIG_FILE": str(cfg), "RESOURCE_NAME": "x.io/gpu"})
+    assert (o.resource_name, o.scheduler_name) == ("x.io/gpu", "my-sched")
+
+
+# ----- docs/device-plugin.md stays true to the code and the committed logs
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "device-plugin.md"
+
+
+def test_docs_list_every_flag_with_its_environment_variables():
+    from device_plugin.cli import ENV_ALIASES, ENV_PREFIX, build_parser
+    from hami.settings import env_names
+
+    text = DOCS.read_text()
+    for action in build_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            row = next(
+                line for line in text.splitlines() if line.startswith(f"| `{action.option_strings[0]}`")
+            )
+            assert (
+                ", ".join(f"`{n}`" for n in env_names(action.dest, prefix=ENV_PREFIX, aliases=ENV_ALIASES))
+                in row
+            )
+
+
+def test_gpu_transcript_in_docs_is_an_excerpt_of_the_committed_log_it_names():
+    import re
+
+    section = DOCS.read_text().split("## On a real GPU", 1)[1].split("\n## ", 1)[0]
+    (log_name,) = set(re.findall(r"`(benchmarks/results/[\w.-]+\.log)`", section))
+    log_lines = set((DOCS.parents[1] / log_name).read_text().splitlines())
+    blocks = re.findall(r"```\n(.*?)```", section, re.S)
+    assert blocks, "no transcript"
+    lines = [line for block in blocks for line in block.splitlines() if line != "..."]
+    assert [line for line in lines if line not in log_lines] == []
+    # Lines the probe always prints for an Allocate are in the excerpt.
+    assert any(line.startswith("  env CUDA_DEVICE_MEMORY_SHARED_CACHE=") for line in lines)
+    assert any(line.startswith("  mount ") for line in lines)
