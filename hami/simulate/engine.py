@@ -30,10 +30,10 @@ from enum import StrEnum
 
 import numpy as np
 
-from hami.cluster import ClusterState, pod_container_kinds
+from hami import pods
+from hami.cluster import ClusterState
 from hami.config import CARD_POLICIES, NODE_POLICIES, DeviceConfig
 from hami.errors import InvalidRequest
-from hami.fit import collapse_grants
 from hami.model import CardGrant
 from hami.scoring import parse_card_policy, parse_node_policy
 from hami.simulate.workload import SimNode, SimPod, Workload, model_of
@@ -433,15 +433,14 @@ class _Replay:
             return
         i = res.index[out.node]
         res.take(i, pod.cpu_milli, pod.memory_mib)
-        held = self.usage.held(collapse_grants(out.devices, pod_container_kinds(obj)))
+        held = self.usage.held(pods.collapse_grants(out.devices, pods.container_kinds(obj)))
         self.usage.apply(held, +1)
         self.where[uid] = (i, pod, held)
         r.scheduled += 1
         if r.annotations is not None:
             r.annotations.append((name, out.annotations))
         if r.placements is not None:
-            spec = obj["spec"]
-            names = [c.get("name", "") for c in (spec.get("initContainers") or []) + spec["containers"]]
+            names = pods.container_names(obj)
             for per_container in out.devices.values():
                 for cname, cds in zip(names, per_container, strict=False):
                     for cd in cds:

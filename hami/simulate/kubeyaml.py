@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from hami import pods as podrules
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
 from hami.quantity import parse_quantity
@@ -250,9 +251,11 @@ def _container_cpu_mem(c: Mapping[str, Any], *, source: str, line: int, where: s
 def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
     """Every `kind: Pod` in the file, mutated as the webhook would and ready for the extender's filter.
 
-    CPU/memory = max(sum of app containers, largest init container) of requests (limits when requests
-    are absent). GPU demand (cards, for the fill mode) per device-using container: cards x gpucores/100,
-    else x gpumem-percentage/100, else whole cards. Raises TraceError naming file, line, pod, container
+    CPU/memory = max(sum of app containers and native sidecars, each init container plus the sidecars
+    declared before it) of requests (limits when requests are absent), Kubernetes' rule. GPU demand
+    (cards, for the fill mode) per device-using container: cards x gpucores/100, else x
+    gpumem-percentage/100, else whole cards, combined by the same rule (`hami.pods.peak`), so a pod whose
+    cards are in an init container or a sidecar is a GPU pod. Raises TraceError naming file, line, pod, container
     and field for invalid quantities (or CPU/memory above 2^50 millicores/MiB), `resources` not shaped as
     mappings of quantities, non-string annotations or labels, bad times, a duplicate pod, bad YAML, or a
     file without any Pod. Times without a UTC offset are UTC.
@@ -290,28 +293,30 @@ def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
         inits = spec.get("initContainers") or []
         if not isinstance(inits, list):
             raise TraceError(source, line, f"Pod {name}: spec.initContainers must be a list")
-        demand = 0.0
-        cpu_sum = mem_sum = cpu_init = mem_init = 0
-        for is_init, c in [(True, c) for c in inits] + [(False, c) for c in spec["containers"]]:
+        # Per container (device-list order) its kind, CPU, memory and card demand; the pod needs the
+        # peak by the pod rule (init containers one at a time, sidecars beside what follows them).
+        per: list[tuple[podrules.ContainerKind, int, int, float]] = []
+        for kind, c in podrules.entries(obj):
             if not isinstance(c, dict):
                 raise TraceError(source, line, f"Pod {name}: every container must be a mapping")
             where = f"Pod {name}: container {c.get('name', '?')}"
             cpu, mem = _container_cpu_mem(c, source=source, line=line, where=where)
-            if is_init:
-                cpu_init, mem_init = max(cpu_init, cpu), max(mem_init, mem)
-            else:
-                cpu_sum, mem_sum = cpu_sum + cpu, mem_sum + mem
+            cards = 0.0
             for vendor in vendors.values():
                 try:
                     vendor.mutate_container(c, pod=obj)
                     req = vendor.container_request(c)
                 except InvalidRequest as e:
                     raise TraceError(source, line, f"Pod {name}: {e}") from None
-                if req is not None and not is_init:
+                if req is not None:
                     share = req.coresreq if req.coresreq > 0 else None
                     if share is None and req.memreq == 0 and 0 < req.mem_percentage <= 100:
                         share = req.mem_percentage
-                    demand += req.nums * (share if share is not None else 100) / 100
+                    cards += req.nums * (share if share is not None else 100) / 100
+            per.append((kind, cpu, mem, cards))
+        cpu_peak = int(podrules.peak([(k, cpu) for k, cpu, _, _ in per]))
+        mem_peak = int(podrules.peak([(k, mem) for k, _, mem, _ in per]))
+        demand = podrules.peak([(k, cards) for k, _, _, cards in per])
         times = (
             _timestamp(
                 meta.get("creationTimestamp"),
@@ -327,7 +332,7 @@ def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
             ),
         )
         created.append(times[0])
-        prepared.append((line, name, obj, max(cpu_sum, cpu_init), max(mem_sum, mem_init), demand, times))
+        prepared.append((line, name, obj, cpu_peak, mem_peak, demand, times))
     t0 = min((t for t in created if t is not None), default=0.0)
     for line, name, obj, cpu, mem, demand, (c_t, d_t) in prepared:
         c_rel = (c_t - t0) if c_t is not None else 0.0

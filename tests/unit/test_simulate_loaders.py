@@ -481,3 +481,53 @@ def test_yaml_times_without_an_offset_are_utc(tmp_path, tokyo_local_time):
     )
     pods = kubeyaml.load_pods(write(tmp_path, "p.yaml", text), config=CFG)
     assert [x.creation_time for x in pods] == [0.0, 3600.0, 86400.0, 3600.0]
+
+
+SIDECAR_PODS_YAML = """\
+kind: Pod
+metadata: {name: init-gpu}
+spec:
+  initContainers:
+  - name: warmup
+    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4000, nvidia.com/gpucores: 50, cpu: "2"}}
+  containers:
+  - name: main
+    resources: {requests: {cpu: "1"}}
+---
+kind: Pod
+metadata: {name: sidecar-gpu}
+spec:
+  initContainers:
+  - name: proxy
+    restartPolicy: Always
+    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 2000, nvidia.com/gpucores: 30, cpu: "1"}}
+  - name: setup
+    resources: {requests: {cpu: "2"}}
+  containers:
+  - name: main
+    resources: {requests: {cpu: "1"}}
+"""
+
+
+def test_yaml_pods_with_gpus_in_init_containers_or_native_sidecars_are_gpu_pods(tmp_path):
+    from hami.simulate.engine import Mode, Policy, run
+    from hami.simulate.workload import Workload, gpu_node
+
+    init_gpu, sidecar = kubeyaml.load_pods(write(tmp_path, "p.yaml", SIDECAR_PODS_YAML), config=CFG)
+    # Demand by the pod rule: max(app + sidecars, each init container + the sidecars before it).
+    assert (init_gpu.gpu_demand, sidecar.gpu_demand) == (0.5, 0.3)
+    assert init_gpu.cpu_milli == 2000
+    # The sidecar keeps running beside `main`, and `setup` runs beside it: 1 + max(1, 2) cores.
+    assert sidecar.cpu_milli == 3000
+    n = gpu_node("n1", cpu_milli=64000, memory_mib=262144, gpus=1, model="T4", card_mib=15360, config=CFG)
+    r = run(
+        Workload([n], [init_gpu, sidecar]),
+        config=CFG,
+        policy=Policy("binpack", "binpack"),
+        mode=Mode.TRACE,
+        placements=True,
+    )
+    assert [(p.pod, p.container, p.card_uuid, p.mem_mib, p.cores) for p in r.placements] == [
+        ("init-gpu", "warmup", "GPU-n1-0", 4000, 50),
+        ("sidecar-gpu", "proxy", "GPU-n1-0", 2000, 30),
+    ]
