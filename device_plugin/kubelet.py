@@ -25,11 +25,13 @@ from device_plugin.api import KUBELET_SOCKET_NAME, VERSION
 from device_plugin.api import api_pb2 as pb
 from device_plugin.api import api_pb2_grpc as rpc
 from device_plugin.server import options
+from hami.kube.retry import Backoff, retry_call_async
 
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 15.0  # kubelet's own dial-back timeout is 10 s; leave room for it
 STOP_GRACE_S = 0.5  # lets an in-flight Allocate finish when we restart the server
+REGISTER_BACKOFF_MAX_S = 2.0  # failed registrations are retried from `poll_s`, doubling up to this
 
 
 def socket_name(resource_name: str) -> str:
@@ -139,44 +141,47 @@ class KubeletRegistration:
             await rpc.RegistrationStub(channel).Register(request, timeout=REGISTER_TIMEOUT_S)
 
     async def _watch(self) -> None:
-        backoff = self.poll_s
         while True:
-            kubelet = _identity(self.kubelet_socket)
-            ours = _identity(self.socket_path)
-            if kubelet is None:
-                if self._registered_with is not None:
-                    log.warning("kubelet socket %s disappeared; waiting for kubelet", self.kubelet_socket)
-                    self._registered_with = None
-                    self.on_lost()
-            elif kubelet != self._registered_with or ours != self._served_at:
-                restarted = self._registered_with is not None or ours != self._served_at
-                try:
-                    if restarted:
-                        log.info("kubelet restarted or our socket vanished; serving again and re-registering")
-                        if self._registered_with is not None:
-                            self._registered_with = None
-                            self.on_lost()
-                        await self._serve()
-                    await self.register_once()
-                except (grpc.aio.AioRpcError, OSError) as e:
-                    detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
-                    log.warning(
-                        "registering %s with kubelet failed: %s; retrying", self.resource_name, detail
-                    )
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 2.0)
-                    continue
-                backoff = self.poll_s
-                self._registered_with = kubelet
-                self.registrations += 1
-                log.info(
-                    "registered %s with kubelet (endpoint %s, version %s)",
-                    self.resource_name,
-                    self.endpoint,
-                    VERSION,
-                )
-                self.on_registered()
+            await retry_call_async(
+                self._check_once,
+                retry_on=(grpc.aio.AioRpcError, OSError),
+                backoff=Backoff(self.poll_s, max_s=REGISTER_BACKOFF_MAX_S),
+                on_retry=self._registration_failed,
+            )
             await asyncio.sleep(self.poll_s)
+
+    async def _check_once(self) -> None:
+        """One look at the sockets: re-serve and register when kubelet or our socket is new.
+
+        Raises grpc.aio.AioRpcError / OSError when serving or registering failed (retried by `_watch`).
+        """
+        kubelet = _identity(self.kubelet_socket)
+        ours = _identity(self.socket_path)
+        if kubelet is None:
+            if self._registered_with is not None:
+                log.warning("kubelet socket %s disappeared; waiting for kubelet", self.kubelet_socket)
+                self._registered_with = None
+                self.on_lost()
+            return
+        if kubelet == self._registered_with and ours == self._served_at:
+            return
+        if self._registered_with is not None or ours != self._served_at:
+            log.info("kubelet restarted or our socket vanished; serving again and re-registering")
+            if self._registered_with is not None:
+                self._registered_with = None
+                self.on_lost()
+            await self._serve()
+        await self.register_once()
+        self._registered_with = kubelet
+        self.registrations += 1
+        log.info(
+            "registered %s with kubelet (endpoint %s, version %s)", self.resource_name, self.endpoint, VERSION
+        )
+        self.on_registered()
+
+    def _registration_failed(self, _failures: int, e: BaseException) -> None:
+        detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+        log.warning("registering %s with kubelet failed: %s; retrying", self.resource_name, detail)
 
 
 def remove_socket(path: Path) -> None:

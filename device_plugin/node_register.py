@@ -19,6 +19,7 @@ from typing import Protocol
 
 from device_plugin.devices import DeviceState
 from hami import annotations as ann
+from hami.kube.retry import Backoff, retry_call_async
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +100,32 @@ class NodeRegistrar:
         return True
 
     async def run(self) -> None:
-        """Sync now, then every `interval_s` and on every health change, until cancelled."""
+        """Sync now, then every `interval_s` and on every health change, until cancelled.
+
+        A failed sync is retried every `retry_s` (through `hami.kube.retry`); a health change cuts
+        any wait short.
+        """
+        seen = self.state.version
+
+        async def attempt() -> None:
+            nonlocal seen
+            seen = self.state.version
+            await asyncio.to_thread(self.sync_once)
+
+        async def wait(seconds: float) -> None:
+            await self.state.wait_change(seen, timeout=seconds)
+
         while True:
-            version = self.state.version
-            try:
-                await asyncio.to_thread(self.sync_once)
-                wait = self.interval_s
-            except Exception as e:  # noqa: BLE001 - keep trying; the scheduler sees stale data meanwhile
-                self.on_error()
-                log.warning("node %s: registration annotation update failed: %s", self.node_name, e)
-                wait = self.retry_s
-            await self.state.wait_change(version, timeout=wait)
+            await retry_call_async(
+                attempt,
+                # Anything: the scheduler sees stale data meanwhile, and the next try may succeed.
+                retry_on=(Exception,),
+                backoff=Backoff(self.retry_s, factor=1.0),
+                sleep=wait,
+                on_retry=self._sync_failed,
+            )
+            await wait(self.interval_s)
+
+    def _sync_failed(self, _failures: int, e: BaseException) -> None:
+        self.on_error()
+        log.warning("node %s: registration annotation update failed: %s", self.node_name, e)
