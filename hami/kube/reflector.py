@@ -8,7 +8,6 @@ reconnect with backoff after errors, resume from the last resourceVersion (bookm
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from hami.errors import ResourceExpired
 from hami.kube.resources import meta_of, object_key
 from hami.kube.resources import resource as resource_of
+from hami.kube.retry import Backoff
 from hami.kube.watch import WatchStream
 
 if TYPE_CHECKING:
@@ -188,7 +188,9 @@ class Reflector:
             self.resource_version = rv
 
     def _run(self) -> None:
-        backoff = self.backoff_initial_s
+        # client-go's reflector backoff: doubling from backoff_initial_s, up to +20 % jitter.
+        backoff = Backoff(self.backoff_initial_s, self.backoff_max_s, jitter=0.2, cap_jitter=False)
+        failures = 0
         need_list = True
         while not self._stop.is_set():
             try:
@@ -214,7 +216,7 @@ class Reflector:
                     if self._stop.is_set():
                         break
                     self._apply(type_, obj)
-                    backoff = self.backoff_initial_s
+                    failures = 0
                 self._stream = None
                 # A watch that ends normally (server timeout, clean close) is resumed at once;
                 # one closed by resync() leads to the relist at the top of the loop.
@@ -225,6 +227,7 @@ class Reflector:
                 self._stream = None
                 if self._stop.is_set():
                     break
-                log.warning("%s: %s; retrying in %.1fs", self.name, e, backoff)
-                self._stop.wait(backoff * (1 + random.random() * 0.2))
-                backoff = min(self.backoff_max_s, backoff * 2)
+                failures += 1
+                wait = backoff.delay(failures)
+                log.warning("%s: %s; retrying in %.1fs", self.name, e, wait)
+                self._stop.wait(wait)
