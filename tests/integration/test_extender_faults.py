@@ -267,18 +267,24 @@ async def test_dropped_and_expired_watches_are_recovered(fake_apiserver, extende
     assert api.drop_watches(abrupt=True) >= 3
     api.store.create("nodes", gpu_node("node3", cards("n3", 2)))
     await eventually(lambda: "node3" in extender.state.node_names(), what="node3 after reconnect")
+    assert sync.nodes.list_count == lists_before  # resumed from its resourceVersion, no relist
     # A watch that comes back with a too-old resourceVersion relists (410) and rebuilds the state.
+    # The reconnect is held at the server while node2 goes and the history is compacted, so it
+    # asks for a resourceVersion from before the compaction; the delay only orders the server's
+    # work (a slower machine makes the test fail on the relist count, never pass by accident).
     await eventually(lambda: api.open_watch_count("nodes") >= 1, what="node watch reopened")
-    api.compact()
-    api.store.delete("nodes", "node2")
+    api.faults.add(verb="watch", resource="nodes", status=None, delay_s=1.0)
     api.drop_watches()
+    api.store.delete("nodes", "node2")
+    api.compact()
     api.store.create("nodes", gpu_node("node4", cards("n4", 2)))
+    await eventually(lambda: sync.nodes.list_count > lists_before, timeout_s=10.0, what="relist after 410")
     await eventually(lambda: "node4" in extender.state.node_names(), what="node4")
     assert "node2" not in extender.state.node_names()
+    assert sync.nodes.list_count == lists_before + 1
     pod = create_pod(api, gpu_pod("after", mem=1000, cores=10))
     result = await sched.filter(pod, ["node3", "node4"])
     assert len(result["NodeNames"]) == 1
-    assert sync.nodes.list_count >= lists_before
 
 
 async def test_a_late_event_of_an_earlier_placement_does_not_move_the_reservation(

@@ -6,6 +6,7 @@ over with the same allocations.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 
 import pytest
 
@@ -104,19 +105,30 @@ async def test_restart_with_pods_in_every_bind_phase_rebuilds_the_same_state(fak
         await second.stop()
 
 
+def lease_time(api: FakeApiServer, field: str) -> float:
+    """A time field of the extender's Lease (RFC 3339 with microseconds), in seconds since the epoch."""
+    lease = api.store.get("leases", "hami-scheduler-extender", namespace="default")
+    return datetime.fromisoformat(lease["spec"][field]).timestamp()
+
+
 @pytest.mark.parametrize("graceful", [True, False])
 async def test_leader_failover(fake_apiserver, session, graceful: bool) -> None:
     api = fake_apiserver
     for i in range(2):
         api.store.create("nodes", gpu_node(f"node{i}", cards(f"n{i}", 2)))
+    # Graceful: a Lease far longer than a takeover may take, so a quick takeover shows the release
+    # was used and not the expiry. Crash: a short Lease, so the test waits for its expiry.
+    lease_s = 15 if graceful else 3
     flags = ["--leader-elect", "--leader-elect-resource-namespace", "default",
-             "--leader-elect-lease-duration", "3s", "--leader-elect-renew-deadline", "2s",
+             "--leader-elect-lease-duration", f"{lease_s}s", "--leader-elect-renew-deadline", "2s",
              "--leader-elect-retry-period", "200ms"]  # fmt: skip
     a = await start_extender(api, *flags, "--leader-elect-identity", "replica-a")
     await wait_ready(a)
     b = await start_extender(api, *flags, "--leader-elect-identity", "replica-b")
     try:
-        await asyncio.sleep(0.5)
+        await eventually(
+            lambda: b.runtime.readiness() == "standby replica (leader is replica-a)", what="b saw a's Lease"
+        )
         assert b.runtime.readiness() == "standby replica (leader is replica-a)"
         async with session.get(f"{b.url}/readyz") as r:
             assert r.status == 503
@@ -146,9 +158,17 @@ async def test_leader_failover(fake_apiserver, session, graceful: bool) -> None:
             a.runtime.elector.release_on_stop = False
         t0 = asyncio.get_running_loop().time()
         await a.stop()  # graceful: releases the Lease, b takes over within a retry period
-        await wait_ready(b, timeout_s=10)
+        last_renew = None if graceful else lease_time(api, "renewTime")  # a's last renewal
+        await wait_ready(b, timeout_s=lease_s + 10)
         took = asyncio.get_running_loop().time() - t0
-        assert took < 2.5 if graceful else took > 2.0, took
+        if graceful:
+            assert took < lease_s - 5, took
+        else:
+            # b counts the Lease's duration from when it saw a's last renewal, so it acquires at least
+            # that long after the renewal was written (both times are the Lease's, not the test's).
+            assert last_renew is not None
+            waited = lease_time(api, "acquireTime") - last_renew
+            assert waited >= lease_s, waited
         assert b.runtime.elector.leader_identity == "replica-b"
         assert snapshot(b) == before
         lease = api.store.get("leases", "hami-scheduler-extender", namespace="default")

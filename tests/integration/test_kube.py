@@ -410,13 +410,15 @@ def test_reflector_survives_a_failing_callback(
 # -- leader election ------------------------------------------------------------------------------
 
 
-def elector(client: KubeClient, identity: str, log: list[str]) -> LeaderElector:
+def elector(
+    client: KubeClient, identity: str, log: list[str], lease_duration_s: float = 1.0
+) -> LeaderElector:
     return LeaderElector(
         client,
         namespace="kube-system",
         name="hami-scheduler",
         identity=identity,
-        lease_duration_s=1.0,
+        lease_duration_s=lease_duration_s,
         renew_deadline_s=0.6,
         retry_period_s=0.1,
         on_started_leading=lambda: log.append(f"{identity} started"),
@@ -426,15 +428,17 @@ def elector(client: KubeClient, identity: str, log: list[str]) -> LeaderElector:
 
 def test_one_leader_and_failover_on_release(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
     log: list[str] = []
-    a = elector(kube_client, "a", log).start()
+    # A Lease far longer than the takeover may take: b leading within the wait below shows it used
+    # the release, not the expiry.
+    a = elector(kube_client, "a", log, lease_duration_s=15.0).start()
     assert a.wait_for_leadership(5)
-    b = elector(kube_client, "b", log).start()
-    time.sleep(0.5)
+    b = elector(kube_client, "b", log, lease_duration_s=15.0).start()
+    wait_for(lambda: b.leader_identity == "a")  # b has read the Lease a holds
     assert a.is_leader and not b.is_leader and b.leader_identity == "a"
     lease = fake_apiserver.store.get("leases", "hami-scheduler", namespace="kube-system")
-    assert lease["spec"]["holderIdentity"] == "a" and lease["spec"]["leaseDurationSeconds"] == 1
+    assert lease["spec"]["holderIdentity"] == "a" and lease["spec"]["leaseDurationSeconds"] == 15
     a.stop()  # releases the lease: b takes over without waiting for expiry
-    assert b.wait_for_leadership(1.0)
+    assert b.wait_for_leadership(10.0)
     lease = fake_apiserver.store.get("leases", "hami-scheduler", namespace="kube-system")
     assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
     b.stop()
@@ -472,10 +476,13 @@ def test_expired_lease_of_a_dead_leader_is_taken_over(
         },
     )
     log: list[str] = []
+    started = time.monotonic()
     b = elector(kube_client, "b", log).start()
     try:
-        time.sleep(0.5)
-        assert not b.is_leader  # a lease not seen to change is respected for its full duration
-        assert b.wait_for_leadership(3)
+        wait_for(lambda: b.leader_identity == "dead")  # b has read the Lease
+        assert b.wait_for_leadership(10)
+        # A lease not seen to change is respected for its full duration (1 s), counted from when b
+        # first read it, which is after `started`: a lower bound that load cannot break.
+        assert time.monotonic() - started >= 1.0
     finally:
         b.stop()
