@@ -1,112 +1,90 @@
-"""The webhook's HTTP surface: /mutate (and HAMi's /webhook), /healthz, /metrics.
+"""The assembled webhook: options -> vendors, caches, Mutator, TLS and the HTTP app, started.
 
-The API server needs an HTTP 200 with an AdmissionReview for every review it can get one for; anything
-else counts as a failed call and falls under `failurePolicy`. So every answerable body gets a 200 (a
-denial when the pod is wrong or our own code failed), and only a body that is not an AdmissionReview
-of a known version gets a 400 with a JSON error. Nothing a client sends can stop the server or show
-it a stack trace.
+`start` is what the console script runs and what the integration tests start in process. The HTTP
+handlers are in `webhook.routes`, the flags in `webhook.cli`.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestPayloadError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hami.vendors import build_vendors
 from webhook.metrics import WebhookMetrics
-from webhook.mutate import Mutator
-from webhook.review import Decision, ReviewError, decode_review, deny, encode_response
+from webhook.mutate import Mutator, WebhookSettings
+from webhook.options import WebhookOptions
+from webhook.routes import make_app, review_body
+from webhook.tls import ReloadingTLS
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from webhook.cache import Caches
 
-#: Largest body accepted: a pod is at most about 1.5 MiB (etcd's object limit) plus the review envelope.
-MAX_BODY = 4 * 1024 * 1024
-MUTATOR_KEY = web.AppKey("mutator", Mutator)
-METRICS_KEY = web.AppKey("metrics", WebhookMetrics)
+__all__ = ["Running", "build_mutator", "make_app", "review_body", "start"]
 
-
-def _json(obj: object, *, status: int = 200) -> web.Response:
-    return web.Response(
-        body=json.dumps(obj, separators=(",", ":")).encode(), status=status, content_type="application/json"
-    )
+log = logging.getLogger("webhook")
 
 
-def review_body(mutator: Mutator, body: bytes) -> tuple[int, dict, Decision | None]:
-    """Answer one request body: (HTTP status, reply JSON, decision or None on a 400).
+def build_mutator(options: WebhookOptions) -> tuple[Mutator, Caches | None]:
+    """The Mutator for these options, and the started caches when API access was asked for.
 
-    Pure apart from logging, so the benchmark and tests can call it without a server.
+    Raises InvalidRequest for an unloadable kubeconfig.
     """
+    settings = WebhookSettings(scheduler_name=options.scheduler_name, takeover_schedulers=options.takeover)
+    vendors = build_vendors(options.device_config)
+    caches = None
+    if options.kubeconfig or options.in_cluster:
+        from webhook.cache import start_caches  # imports the kubernetes client only when asked for
+
+        caches = start_caches(options.kubeconfig, vendors)
+    mutator = Mutator(
+        list(vendors.values()),
+        settings,
+        quota=caches.quota if caches else None,
+        namespaces=caches.namespaces if caches else None,
+    )
+    return mutator, caches
+
+
+@dataclass
+class Running:
+    """A started server: its runner (call `await runner.cleanup()` to stop), bound port, TLS and metrics."""
+
+    runner: web.AppRunner
+    port: int
+    tls: ReloadingTLS
+    metrics: WebhookMetrics
+    caches: Caches | None = None
+
+    async def stop(self) -> None:
+        """Stop serving and end the watches."""
+        await self.runner.cleanup()
+        if self.caches is not None:
+            await asyncio.to_thread(self.caches.stop)
+
+
+async def start(options: WebhookOptions) -> Running:
+    """Load certificates and config, bind, and start serving; returns once listening.
+
+    Raises OSError / ssl.SSLError for unusable certificate files or a busy port.
+    """
+    metrics = WebhookMetrics()
+    tls = ReloadingTLS(options.tls_cert_file, options.tls_private_key_file, on_reload=metrics.cert_reloaded)
+    # Starting the watches blocks for the first lists (bounded), so it runs off the event loop.
+    mutator, caches = await asyncio.to_thread(build_mutator, options)
+    runner = web.AppRunner(make_app(mutator, metrics), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, options.address, options.port, ssl_context=tls.context, backlog=1024)
     try:
-        request = decode_review(body)
-    except ReviewError as exc:
-        return 400, {"error": str(exc)}, None
-    try:
-        decision = mutator.review(request)
-    except Exception:
-        # A bug of ours must not take pod creation hostage nor leak internals: deny with a short text,
-        # log the trace for the operator.
-        log.exception("review %s of %s/%s failed", request.uid, request.namespace, request.name)
-        decision = deny(
-            "internal error in the HAMi webhook while reviewing this pod; see the webhook logs",
-            code=500,
-            reason="InternalError",
-        )
-    if not decision.allowed:
-        log.info(
-            "denied pod %s/%s (review %s): %s",
-            request.namespace,
-            request.name or "<generateName>",
-            request.uid,
-            decision.message,
-        )
-    return 200, encode_response(request.api_version, request.uid, decision), decision
-
-
-async def handle_mutate(request: web.Request) -> web.Response:
-    """POST /mutate and /webhook: an AdmissionReview in, the reply in the same version out."""
-    metrics = request.app[METRICS_KEY]
-    started = time.perf_counter()
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        metrics.reviews.labels("error").inc()
-        return _json({"error": f"body larger than {MAX_BODY} bytes"}, status=413)
-    except (RequestPayloadError, HttpProcessingError) as exc:
-        # A body that cannot be read (bad Content-Encoding, truncated chunks): the client's fault, not a
-        # 500 with aiohttp's text.
-        metrics.reviews.labels("error").inc()
-        return _json({"error": "body could not be read: " + " ".join(str(exc).split())}, status=400)
-    status, reply, decision = review_body(request.app[MUTATOR_KEY], body)
-    metrics.latency.observe(time.perf_counter() - started)
-    metrics.reviews.labels(decision.result if decision else "error").inc()
-    if decision and decision.warnings:
-        metrics.warnings.inc(len(decision.warnings))
-    return _json(reply, status=status)
-
-
-async def handle_healthz(_request: web.Request) -> web.Response:
-    """GET /healthz: 200 ``ok`` while the event loop answers."""
-    return web.Response(text="ok")
-
-
-async def handle_metrics(request: web.Request) -> web.Response:
-    """GET /metrics: Prometheus text format of this app's registry."""
-    body = generate_latest(request.app[METRICS_KEY].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def make_app(mutator: Mutator, metrics: WebhookMetrics | None = None) -> web.Application:
-    """The aiohttp application; serve it over TLS (`webhook.tls.ReloadingTLS`) in production."""
-    app = web.Application(client_max_size=MAX_BODY)
-    app[MUTATOR_KEY] = mutator
-    app[METRICS_KEY] = metrics or WebhookMetrics()
-    app.router.add_post("/mutate", handle_mutate)
-    app.router.add_post("/webhook", handle_mutate)
-    app.router.add_get("/healthz", handle_healthz)
-    app.router.add_get("/metrics", handle_metrics)
-    return app
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        if caches is not None:
+            caches.stop()
+        raise
+    port = runner.addresses[0][1] if runner.addresses else options.port
+    log.info("serving on https://%s:%s (/mutate, /webhook, /healthz, /metrics)", options.address, port)
+    return Running(runner=runner, port=port, tls=tls, metrics=metrics, caches=caches)
