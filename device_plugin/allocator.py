@@ -42,6 +42,7 @@ from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused, ApiUnavailable
 from hami import annotations as ann
+from hami import pods
 from hami.errors import AnnotationError, HamiError, InvalidRequest
 from hami.model import ContainerDevice
 from hami.quantity import to_count
@@ -219,7 +220,7 @@ class Allocator:
             entries = ann.decode_pod_devices(annos[ann.NVIDIA_TO_ALLOCATE])
         except AnnotationError as e:
             raise await fail(pod, "bad_annotation", f"pod {ref}: {ann.NVIDIA_TO_ALLOCATE}: {e}") from None
-        containers = list(spec.get("initContainers") or []) + list(spec.get("containers") or [])
+        containers = pods.containers(pod)  # device-list order: init first
         if len(entries) != len(containers):
             raise await fail(
                 pod,
@@ -230,7 +231,7 @@ class Allocator:
         problem = self._record_problem(ref, annos, entries, containers)
         if problem:
             raise await fail(pod, "bad_annotation", problem)
-        n_init = len(spec.get("initContainers") or [])
+        n_init = pods.init_count(pod)
         return PendingPod(pod=pod, entries=entries, containers=containers, n_init=n_init)
 
     def _record_problem(

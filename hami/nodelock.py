@@ -51,6 +51,7 @@ from hami.annotations import (
 )
 from hami.errors import AnnotationError, Conflict, NodeLockContention, NotFound
 from hami.kube.retry import Backoff, retry_call
+from hami.pods import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def dangling_reason(client: Any, lock: NodeLock, node_name: str) -> str | None:
     if meta.get("deletionTimestamp"):
         return f"owner pod {owner} is being deleted"
     phase = (pod.get("status") or {}).get("phase")
-    if phase in ("Succeeded", "Failed"):
+    if phase in TERMINAL_PHASES:
         return f"owner pod {owner} has finished (phase {phase})"
     bind_phase = (meta.get("annotations") or {}).get(BIND_PHASE)
     if bind_phase in (BindPhase.SUCCESS.value, BindPhase.FAILED.value):

@@ -76,7 +76,7 @@ def entries(pod: Mapping[str, Any]) -> Iterator[tuple[ContainerKind, Mapping[str
         yield ContainerKind.APP, c
 
 
-def containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+def containers(pod: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every container of the pod in device-list order (init first): entry i of a device list is theirs."""
     spec = objects.spec(pod)
     return [*_list(spec, "initContainers"), *_list(spec, "containers")]

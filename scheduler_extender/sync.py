@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from hami import pods
 from hami.annotations import ASSIGNED_NODE as NODE_ASSIGNED
 from hami.annotations import NODE_LOCK
 from hami.cluster import ClusterState
@@ -85,10 +86,9 @@ class Inflight:
                 return True
             expected, since = entry
             annos = meta.get("annotations") or {}
-            phase = (pod.get("status") or {}).get("phase")
             if (
                 all(annos.get(k) == v for k, v in expected.items())
-                or phase in ("Succeeded", "Failed")
+                or pods.is_terminal(pod)
                 or time.monotonic() - since > self.ttl_s
             ):
                 del self._by_uid[uid]

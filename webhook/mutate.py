@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as keys
-from hami import scoring
+from hami import pods, scoring
 from hami.errors import InvalidRequest
 from hami.model import ContainerRequest
 from hami.quota import pod_demand
@@ -65,7 +65,8 @@ class _Slot:
 
 def _containers(spec: dict[str, Any]) -> list[_Slot]:
     slots = []
-    for field, init in (("initContainers", True), ("containers", False)):
+    for field in pods.CONTAINER_FIELDS:  # device-list order: init containers first
+        init = field == "initContainers"
         items = spec.get(field) or []
         if not isinstance(items, list):
             raise InvalidRequest(f"spec.{field} must be a list of containers")
@@ -73,7 +74,7 @@ def _containers(spec: dict[str, Any]) -> list[_Slot]:
             if not isinstance(c, dict):
                 raise InvalidRequest(f"spec.{field}[{i}] must be an object (a container)")
             _check_container_shape(c, f"spec.{field}[{i}]")
-            sidecar = init and c.get("restartPolicy") == "Always"
+            sidecar = pods.kind_of(c, init=init) is pods.ContainerKind.SIDECAR
             slots.append(_Slot(container=c, path=f"spec.{field}[{i}]", init=init, sidecar=sidecar))
     return slots
 
@@ -276,7 +277,7 @@ class Mutator:
     def _asked_resources(self, spec: Mapping[str, Any]) -> str:
         """The managed resources the user wrote (before our defaults), for messages: ``nvidia.com/gpu``."""
         names: dict[str, None] = {}
-        for field in ("initContainers", "containers"):
+        for field in pods.CONTAINER_FIELDS:
             for c in spec.get(field) or []:
                 res = c.get("resources") or {} if isinstance(c, Mapping) else {}
                 for part in ("limits", "requests"):
