@@ -59,7 +59,9 @@ def test_a_running_child_is_alive_until_killed():
             p.wait()
 
 
-def _fake_proc(root: Path, pid: int, *, state: str, start: int, nspid: list[int], comm: str = "py thon)") -> None:
+def _fake_proc(
+    root: Path, pid: int, *, state: str, start: int, nspid: list[int], comm: str = "py thon)"
+) -> None:
     d = root / str(pid)
     d.mkdir(parents=True)
     fields = [state, "1", *["0"] * 17, str(start), "0"]

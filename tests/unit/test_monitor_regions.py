@@ -70,11 +70,25 @@ def test_layout_sizes_match_the_references():
 def test_libvgpu_sums_live_slots_per_device(tmp_path):
     data = libvgpu_bytes(
         [
-            VDev(UUID0, limit=4000 * MIB, sm_limit=30, phys_index=1, busy_ns=5_000_000, last_kernel=1_700_000_000),
+            VDev(
+                UUID0,
+                limit=4000 * MIB,
+                sm_limit=30,
+                phys_index=1,
+                busy_ns=5_000_000,
+                last_kernel=1_700_000_000,
+            ),
             VDev(UUID1, limit=UNLIMITED, sm_limit=100, phys_index=0, busy_ns=123),
         ],
         [
-            VSlot(100, 11, used=[300 * MIB, 5 * MIB], data=[200 * MIB, 5 * MIB], context=[90 * MIB], module=[10 * MIB]),
+            VSlot(
+                100,
+                11,
+                used=[300 * MIB, 5 * MIB],
+                data=[200 * MIB, 5 * MIB],
+                context=[90 * MIB],
+                module=[10 * MIB],
+            ),
             VSlot(0, 0, used=[999 * MIB]),  # free slot
             VSlot(101, 12, used=[100 * MIB], data=[100 * MIB]),
             VSlot(102, 13, used=[7 * MIB]),  # dead process: not counted
@@ -109,7 +123,11 @@ def test_libvgpu_counts_are_clamped_to_the_layout(tmp_path):
 
 def _hami_procs() -> list[HProc]:
     return [
-        HProc(200, used=[(10 * MIB, 2 * MIB, 500 * MIB, 0, 512 * MIB), (0, 0, 64 * MIB, 0, 64 * MIB)], sm_util=[30, 5]),
+        HProc(
+            200,
+            used=[(10 * MIB, 2 * MIB, 500 * MIB, 0, 512 * MIB), (0, 0, 64 * MIB, 0, 64 * MIB)],
+            sm_util=[30, 5],
+        ),
         HProc(201, status=0, used=[(0, 0, 0, 0, 900 * MIB)], sm_util=[90]),  # inactive slot
         HProc(202, used=[(0, 0, 100 * MIB, 0, 100 * MIB)], sm_util=[20]),
         HProc(203, hostpid=40203, used=[(0, 0, 1 * MIB, 0, 1 * MIB)], sm_util=[1]),  # hostpid alive
@@ -170,8 +188,18 @@ def test_hami_procnum_is_clamped(tmp_path):
         (hami_bytes(V1, [UUID0], [MIB], [], major=2), regions.UNKNOWN_VERSION),
         (hami_bytes(V1, [UUID0], [MIB], [])[: V1.size - 8], None),
     ],
-    ids=["empty", "magic-only", "libvgpu-short", "libvgpu-major3", "libvgpu-slot-size", "zero-magic",
-         "wrong-magic", "v0-short", "v1-major2", "v1-cut-is-v0"],  # fmt: skip
+    ids=[
+        "empty",
+        "magic-only",
+        "libvgpu-short",
+        "libvgpu-major3",
+        "libvgpu-slot-size",
+        "zero-magic",
+        "wrong-magic",
+        "v0-short",
+        "v1-major2",
+        "v1-cut-is-v0",
+    ],  # fmt: skip
 )
 def test_bad_files_raise_a_reason(tmp_path, data, reason):
     path = put(tmp_path, data)
@@ -282,7 +310,9 @@ def test_fuzz_corrupted_headers_and_tables(tmp_path, which, edits):
 
 
 @_FUZZ
-@given(magic=st.integers(1, 2**32 - 1).filter(lambda m: m not in (0x55504756, 19920718)), which=st.integers(0, 2))
+@given(
+    magic=st.integers(1, 2**32 - 1).filter(lambda m: m not in (0x55504756, 19920718)), which=st.integers(0, 2)
+)
 def test_fuzz_wrong_magic(tmp_path, magic, which):
     buf = bytearray(_VALID[which])
     struct.pack_into("<I", buf, 0, magic)

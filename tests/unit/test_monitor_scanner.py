@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 from device_plugin.monitor import regions
 from device_plugin.monitor.pods import PodIndex
 from device_plugin.monitor.scanner import Scanner, parse_dir_name
-from tests.unit.monitor_files import V0, V1, HProc, VDev, VSlot, hami_bytes, libvgpu_bytes, self_start_time, write
+from tests.unit.monitor_files import (
+    V0,
+    V1,
+    HProc,
+    VDev,
+    VSlot,
+    hami_bytes,
+    libvgpu_bytes,
+    self_start_time,
+    write,
+)
 
 MIB = 1 << 20
 UUID0 = "GPU-00000000-1111-2222-3333-444455556666"
@@ -80,20 +90,33 @@ def test_dir_names():
 def test_samples_carry_pod_names_and_exact_bytes(tmp_path, clock):
     write(
         tmp_path / f"{UID_A}_main" / "a.cache",
-        libvgpu_bytes([VDev(UUID0, limit=1000 * MIB, phys_index=0)], [me_slot(used=[300 * MIB], data=[300 * MIB])]),
+        libvgpu_bytes(
+            [VDev(UUID0, limit=1000 * MIB, phys_index=0)], [me_slot(used=[300 * MIB], data=[300 * MIB])]
+        ),
     )
     write(
         tmp_path / f"{UID_B}_side" / "b.cache",
-        hami_bytes(V1, [UUID0], [2000 * MIB], [HProc(os.getpid(), used=[(0, 0, 0, 0, 64 * MIB)], sm_util=[12])]),
+        hami_bytes(
+            V1, [UUID0], [2000 * MIB], [HProc(os.getpid(), used=[(0, 0, 0, 0, 64 * MIB)], sm_util=[12])]
+        ),
     )
     (tmp_path / "6f1c3a52-ffff_nopod").mkdir()  # unknown pod: not exported
     (tmp_path / f"{UID_A}_nocache").mkdir()  # no region yet: not exported
     scanner, errors, _ = make(tmp_path, synced(pod(UID_A, "train-0"), pod(UID_B, "infer-1", "team-b")), clock)
     snap = scanner.scan()
     got = {(c.pod.namespace, c.pod.name, c.container, c.layout): c.devices for c in snap.containers}
-    assert set(got) == {("team-a", "train-0", "main", "libvgpu-2"), ("team-b", "infer-1", "side", "hami-core-v1")}
+    assert set(got) == {
+        ("team-a", "train-0", "main", "libvgpu-2"),
+        ("team-b", "infer-1", "side", "hami-core-v1"),
+    }
     (a,) = got["team-a", "train-0", "main", "libvgpu-2"]
-    assert (a.uuid, a.index, a.used_bytes, a.limit_bytes, a.buffer_bytes) == (UUID0, 0, 300 * MIB, 1000 * MIB, 300 * MIB)
+    assert (a.uuid, a.index, a.used_bytes, a.limit_bytes, a.buffer_bytes) == (
+        UUID0,
+        0,
+        300 * MIB,
+        1000 * MIB,
+        300 * MIB,
+    )
     assert a.utilization_percent is None  # no compute limit on this device
     (b,) = got["team-b", "infer-1", "side", "hami-core-v1"]
     assert (b.used_bytes, b.limit_bytes, b.utilization_percent) == (64 * MIB, 2000 * MIB, 12.0)
@@ -247,7 +270,11 @@ _FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCh
 
 
 @_FUZZ
-@given(data=st.binary(max_size=4096), layout=st.sampled_from(["libvgpu", "v1", "v0", "none"]), cut=st.integers(0, 64))
+@given(
+    data=st.binary(max_size=4096),
+    layout=st.sampled_from(["libvgpu", "v1", "v0", "none"]),
+    cut=st.integers(0, 64),
+)
 def test_fuzz_scanner_never_raises_and_counts_every_bad_file(tmp_path, data, layout, cut):
     # A fresh directory per example so each bad file is a new entry for the counter.
     d = tmp_path / f"{os.urandom(8).hex()}_c"
@@ -256,7 +283,9 @@ def test_fuzz_scanner_never_raises_and_counts_every_bad_file(tmp_path, data, lay
     elif layout == "none":
         blob = b""
     else:
-        blob = hami_bytes(V1 if layout == "v1" else V0, [UUID0], [MIB], [HProc(os.getpid(), used=[(0, 0, 0, 0, 1)])])
+        blob = hami_bytes(
+            V1 if layout == "v1" else V0, [UUID0], [MIB], [HProc(os.getpid(), used=[(0, 0, 0, 0, 1)])]
+        )
     blob = data + blob[len(data) + cut :] if layout != "none" else data
     write(d / "f.cache", blob)
     uid = d.name.split("_")[0]
