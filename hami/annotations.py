@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from hami import objects
 from hami.errors import AnnotationError
 from hami.model import ContainerDevice, Device
 
@@ -412,5 +413,4 @@ def decode_handshake(value: str) -> Handshake:
 
 def pod_annotations(pod: Mapping[str, object]) -> dict[str, str]:
     """`metadata.annotations` of a pod or node dict, `{}` when absent."""
-    meta = pod.get("metadata") or {}
-    return dict((meta.get("annotations") if isinstance(meta, dict) else None) or {})
+    return dict(objects.annotations(pod))

@@ -130,13 +130,19 @@ def meta(obj: Mapping[str, Any]) -> ObjectMeta:
 
 
 def spec(obj: Mapping[str, Any]) -> PodSpec:
-    """`spec` of a pod (or any object: the caller knows its kind), empty when absent."""
+    """`spec` of a pod, empty when absent."""
     return cast(PodSpec, _member(obj, "spec"))
 
 
 def status(obj: Mapping[str, Any]) -> dict[str, Any]:
     """`status`, empty when absent (a `PodStatus` or `NodeStatus` by the object's kind)."""
     return _member(obj, "status")
+
+
+def quota_hard(quota: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`spec.hard` of a ResourceQuota (resource name -> quantity), empty when absent."""
+    value = _member(quota, "spec").get("hard")
+    return value if isinstance(value, dict) else _EMPTY
 
 
 def name(obj: Mapping[str, Any]) -> str:

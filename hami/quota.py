@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from hami import objects
 from hami.model import CardGrant, ContainerRequest
 from hami.quantity import to_count, to_mib
 from hami.vendors.base import Vendor
@@ -45,9 +46,8 @@ class QuotaState:
 
     def upsert_quota(self, quota: Mapping[str, Any]) -> None:
         """Add or replace a ResourceQuota object (API JSON form). Unparseable values are ignored."""
-        meta = quota.get("metadata") or {}
-        ns, name = meta.get("namespace", "default"), meta.get("name", "")
-        hard = (quota.get("spec") or {}).get("hard") or {}
+        ns, name = objects.namespace(quota), objects.name(quota)
+        hard = objects.quota_hard(quota)
         limits: dict[str, int] = {}
         for key, value in hard.items():
             if not key.startswith("limits."):

@@ -30,7 +30,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from hami import pods
+from hami import objects, pods
 from hami.cluster import ClusterState
 from hami.config import CARD_POLICIES, NODE_POLICIES, DeviceConfig
 from hami.errors import InvalidRequest
@@ -414,7 +414,7 @@ class _Replay:
                 **meta,
                 "uid": uid,
                 "name": name,
-                "annotations": dict(meta.get("annotations") or {}),
+                "annotations": dict(objects.annotations(pod.obj)),
             },
         }
         t0 = time.perf_counter()
