@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from device_plugin import backends
 from device_plugin.api import DEFAULT_SOCKET_DIR
-from device_plugin.backends import BACKENDS, make_backend
 from hami import settings
 from hami.config import DeviceConfig, load_config_file
 from hami.errors import HamiError
@@ -60,7 +60,7 @@ class CommandOptions:
     no_kube: bool = False
     """``--no-kube``: run without an API server (advertise only; Allocate refuses)."""
     backend: str = "nvidia"
-    """``--backend`` (``DP_BACKEND``): card source, one of `device_plugin.backends.BACKENDS`."""
+    """``--backend`` (``DP_BACKEND``): card source, a name of `device_plugin.backends.BACKENDS`."""
     fake_config: str | None = None
     """``--fake-config`` (``FAKE_CARDS``): CARDS.yaml of ``--backend fake``."""
     scheduler_name: str = "hami-scheduler"
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run without an API server (advertise devices only; Allocate refuses)",
     )
-    p.add_argument("--backend", choices=BACKENDS, default="nvidia", help="card source")
+    p.add_argument("--backend", choices=backends.BACKENDS, default="nvidia", help="card source")
     p.add_argument("--fake-config", help="CARDS.yaml for --backend fake")
     p.add_argument(
         "--scheduler-name",
@@ -186,7 +186,7 @@ async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> 
 
         kube = KubeClient.from_kubeconfig(o.kubeconfig)
     nvidia = o.config.nvidia_for_node(plugin_options.node_name)
-    backend = make_backend(
+    backend = backends.make_backend(
         o.backend, fake_config=o.fake_config, preconfigured_memory_mib=nvidia.preConfiguredDeviceMemory
     )
     app = DevicePluginApp(plugin_options, backend, kube)

@@ -1,19 +1,30 @@
 """The interface between card discovery/health (NVML, a YAML file) and the generic plugin.
 
 The gRPC server and the registration writer never touch NVML: they see `Card`s from `discover()` and
-health reports from `watch_health()`. Adding a vendor means one module here plus one line in
-`device_plugin.backends.BACKENDS`.
+health reports from `watch_health()`. Adding a backend means one module here (with a ``build``
+function) plus one line in the table of `device_plugin.backends`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from device_plugin.devices import Card
 
 #: report(uuid or None for every card, healthy, reason). Called on the event loop thread.
 HealthReport = Callable[[str | None, bool, str], None]
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What the command line gives the backends; each backend's ``build`` reads what it needs."""
+
+    fake_config: str | None = None
+    """``--fake-config``: the CARDS.yaml of the fake backend (required by it)."""
+    preconfigured_memory_mib: int = 0
+    """``nvidia.preConfiguredDeviceMemory`` of the device config, MiB; 0 = the memory NVML reports."""
 
 
 class Backend(Protocol):

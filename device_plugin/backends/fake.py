@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from device_plugin.backends.base import HealthReport
+from device_plugin.backends.base import BackendOptions, HealthReport
 from device_plugin.devices import Card, nvidia_type
 from hami.errors import ConfigError
 
@@ -122,3 +122,10 @@ class FakeBackend:
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size)
+
+
+def build(options: BackendOptions) -> FakeBackend:
+    """The fake backend for ``--backend fake``. Raises ConfigError when ``--fake-config`` is missing."""
+    if not options.fake_config:
+        raise ConfigError("--fake-config: required with --backend fake (a YAML file with a 'cards:' list)")
+    return FakeBackend(options.fake_config)

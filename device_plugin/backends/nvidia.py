@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from device_plugin.backends.base import HealthReport
+from device_plugin.backends.base import BackendOptions, HealthReport
 from device_plugin.devices import Card, nvidia_type
 from hami.errors import ConfigError
 
@@ -255,3 +255,8 @@ class NvidiaBackend:
             except self.nvml.NVMLError:
                 pass
             self._initialised = False
+
+
+def build(options: BackendOptions) -> NvidiaBackend:
+    """The NVML backend for ``--backend nvidia`` (NVML is initialised in `NvidiaBackend.discover`)."""
+    return NvidiaBackend(preconfigured_memory_mib=options.preconfigured_memory_mib)

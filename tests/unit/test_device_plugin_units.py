@@ -705,3 +705,25 @@ def test_gpu_transcript_in_docs_is_an_excerpt_of_the_committed_log_it_names():
     # Lines the probe always prints for an Allocate are in the excerpt.
     assert any(line.startswith("  env CUDA_DEVICE_MEMORY_SHARED_CACHE=") for line in lines)
     assert any(line.startswith("  mount ") for line in lines)
+
+
+def test_backend_table_drives_choices_building_and_the_valid_message(monkeypatch):
+    # Adding a backend is one module with `build` plus one table line: the flag's choices, BACKENDS
+    # and the "valid: ..." message follow.
+    import types
+
+    import device_plugin.backends as backends
+    from device_plugin.cli import build_parser
+
+    module = types.ModuleType("device_plugin.backends.example")
+    built = []
+    module.build = lambda options: built.append(options) or "example-backend"
+    monkeypatch.setitem(sys.modules, "device_plugin.backends.example", module)
+    monkeypatch.setattr(backends, "_TABLE", {**backends._TABLE, "example": "device_plugin.backends.example"})
+    monkeypatch.setattr(backends, "BACKENDS", tuple(backends._TABLE))
+    assert backends.make_backend("example", fake_config="x.yaml") == "example-backend"
+    assert built == [backends.BackendOptions(fake_config="x.yaml", preconfigured_memory_mib=0)]
+    with pytest.raises(ConfigError, match="valid: nvidia, fake, example$"):
+        backends.make_backend("amd")
+    (backend_flag,) = [a for a in build_parser()._actions if a.dest == "backend"]
+    assert tuple(backend_flag.choices) == ("nvidia", "fake", "example")
