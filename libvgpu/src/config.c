@@ -1,18 +1,203 @@
 /*
- * config.c - the environment contract between the device plugin and libvgpu.
+ * config.c - the environment and config-file contract between the device plugin and libvgpu.
  *
  * Why strict parsing: HAMi-core's strtoul-based parser turned "1Gi" into 1 byte and
  * "0800m"/"" into "unlimited" (hami-core-spec §5). A limit that silently disappears is
  * worse than a job that fails, so every value we cannot read exactly fails closed
  * (memory limit 0 bytes, SM share 1 %) with one error line naming the variable.
  */
+#include <stdatomic.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include "common.h"
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+#include "config.h"
+#include "log.h"
 #include "vgpu_bool.h"
+#include "vgpu_region.h"
+
+/* ---------------- the mounted config file ---------------- */
+
+/* Why the file sits next to the library: the device plugin mounts libvgpu.so and
+ * /etc/ld.so.preload into the container, so every process loads the library from a path
+ * the plugin chose - whatever its environment. The file is mounted read-only beside it. */
+#define CONFIG_NAME "vgpu.config"
+#define CONFIG_MAGIC "vgpu-config"
+#define CONFIG_MAJOR 1
+#define CONFIG_MAX_BYTES 65536
+#define CONFIG_MAX_ENTRIES 128
+#define CONFIG_MAX_NAME 64
+#define CONFIG_MAX_VALUE 512
+
+typedef struct { char name[CONFIG_MAX_NAME]; char value[CONFIG_MAX_VALUE]; } config_entry_t;
+static config_entry_t entries[CONFIG_MAX_ENTRIES];
+static int nentries;
+static int config_state = VGPU_CONFIG_NONE;
+static char config_file[4096];
+static pthread_once_t config_once = PTHREAD_ONCE_INIT;
+
+/* The names the file may carry: the same facts as the environment the plugin sets. */
+static int known_name(const char *n) {
+    static const char *const exact[] = {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_TASK_PRIORITY",
+                                        "GPU_CORE_UTILIZATION_POLICY", "LIBVGPU_CARD_DIR",
+                                        "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
+                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR"};
+    for (unsigned i = 0; i < sizeof exact / sizeof exact[0]; i++)
+        if (!strcmp(n, exact[i])) return 1;
+    static const char *const indexed[] = {"CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"};
+    for (unsigned i = 0; i < 2; i++) {
+        size_t l = strlen(indexed[i]);
+        if (strncmp(n, indexed[i], l)) continue;
+        const char *d = n + l;
+        if (!*d || strlen(d) > 2) return 0;
+        for (; *d; d++) if (!isdigit((unsigned char)*d)) return 0;
+        return 1;
+    }
+    return 0;
+}
+
+int vgpu_config_parse(const char *text, size_t len, char *why, size_t wn) {
+    nentries = 0;
+    int seen_magic = 0, lineno = 0;
+    size_t i = 0;
+    while (i < len) {
+        size_t j = i;
+        while (j < len && text[j] != '\n') j++;
+        lineno++;
+        size_t n = j - i;
+        const char *ln = text + i;
+        i = j + 1;
+        if (n && ln[n - 1] == '\r') n--;
+        if (memchr(ln, '\0', n)) { snprintf(why, wn, "line %d holds a NUL byte", lineno); goto bad; }
+        if (n == 0 || ln[0] == '#') continue;
+        if (!seen_magic) {
+            char head[32];
+            if (n >= sizeof head) { snprintf(why, wn, "line %d: expected '%s %d'", lineno, CONFIG_MAGIC, CONFIG_MAJOR); goto bad; }
+            memcpy(head, ln, n);
+            head[n] = 0;
+            int major = -1;
+            char tail;
+            if (sscanf(head, CONFIG_MAGIC " %d%c", &major, &tail) != 1) {
+                snprintf(why, wn, "line %d: expected '%s %d'", lineno, CONFIG_MAGIC, CONFIG_MAJOR);
+                goto bad;
+            }
+            if (major != CONFIG_MAJOR) {
+                snprintf(why, wn, "format version %d, this library reads %d", major, CONFIG_MAJOR);
+                goto bad;
+            }
+            seen_magic = 1;
+            continue;
+        }
+        const char *eq = memchr(ln, '=', n);
+        if (!eq) { snprintf(why, wn, "line %d: expected NAME=VALUE", lineno); goto bad; }
+        size_t kl = (size_t)(eq - ln), vl = n - kl - 1;
+        if (kl == 0 || kl >= CONFIG_MAX_NAME || vl >= CONFIG_MAX_VALUE) {
+            snprintf(why, wn, "line %d: name or value too long or empty", lineno);
+            goto bad;
+        }
+        char name[CONFIG_MAX_NAME];
+        memcpy(name, ln, kl);
+        name[kl] = 0;
+        for (size_t k = 0; k < kl; k++)
+            if (!(isupper((unsigned char)name[k]) || isdigit((unsigned char)name[k]) || name[k] == '_')) {
+                snprintf(why, wn, "line %d: bad variable name", lineno);
+                goto bad;
+            }
+        if (!known_name(name)) { /* a newer plugin's fact: same major version, so safe to skip */
+            VLOG(VLOG_INFO, "config file line %d: unknown name %s ignored", lineno, name);
+            continue;
+        }
+        int slot = -1;
+        for (int k = 0; k < nentries; k++) if (!strcmp(entries[k].name, name)) slot = k;
+        if (slot < 0) {
+            if (nentries >= CONFIG_MAX_ENTRIES) { snprintf(why, wn, "more than %d entries", CONFIG_MAX_ENTRIES); goto bad; }
+            slot = nentries++;
+        }
+        memcpy(entries[slot].name, name, kl + 1);
+        memcpy(entries[slot].value, eq + 1, vl);
+        entries[slot].value[vl] = 0;
+    }
+    if (!seen_magic) { snprintf(why, wn, "no '%s %d' header", CONFIG_MAGIC, CONFIG_MAJOR); goto bad; }
+    return 0;
+bad:
+    nentries = 0;
+    return -1;
+}
+
+static void load_config(void) {
+    Dl_info info;
+    if (!dladdr((void *)vgpu_getenv, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) return;
+    const char *slash = strrchr(info.dli_fname, '/');
+    snprintf(config_file, sizeof config_file, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
+             CONFIG_NAME);
+    int fd = open(config_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT) {
+            VLOG(VLOG_ERROR, "config file %s unreadable (%s): limits fail closed", config_file, strerror(errno));
+            config_state = VGPU_CONFIG_BROKEN;
+        }
+        return;
+    }
+    static char buf[CONFIG_MAX_BYTES + 1];
+    size_t len = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + len, sizeof buf - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        len += (size_t)r;
+        if (len == sizeof buf) break;
+    }
+    close(fd);
+    char why[160];
+    if (len > CONFIG_MAX_BYTES) {
+        snprintf(why, sizeof why, "larger than %d bytes", CONFIG_MAX_BYTES);
+    } else if (vgpu_config_parse(buf, len, why, sizeof why) == 0) {
+        config_state = VGPU_CONFIG_OK;
+        VLOG(VLOG_INFO, "config file %s: %d entries", config_file, nentries);
+        return;
+    }
+    VLOG(VLOG_ERROR, "config file %s is malformed (%s): limits fail closed (memory 0, compute 1%%)",
+         config_file, why);
+    config_state = VGPU_CONFIG_BROKEN;
+}
+
+int vgpu_config_state(void) {
+    pthread_once(&config_once, load_config);
+    return config_state;
+}
+
+const char *vgpu_config_path(void) {
+    pthread_once(&config_once, load_config);
+    return config_file;
+}
+
+const char *vgpu_getenv(const char *name) {
+    const char *v = getenv(name);
+    if (v) return v;
+    if (vgpu_config_state() != VGPU_CONFIG_OK) return NULL;
+    for (int i = 0; i < nentries; i++)
+        if (!strcmp(entries[i].name, name)) return entries[i].value;
+    return NULL;
+}
+
+extern char **environ;
+int vgpu_config_has_prefix(const char *prefix) {
+    size_t l = strlen(prefix);
+    for (char **e = environ; e && *e; e++)
+        if (!strncmp(*e, prefix, l)) return 1;
+    if (vgpu_config_state() != VGPU_CONFIG_OK) return 0;
+    for (int i = 0; i < nentries; i++)
+        if (!strncmp(entries[i].name, prefix, l)) return 1;
+    return 0;
+}
+
+/* ---------------- values ---------------- */
 
 int vgpu_parse_size(const char *s, uint64_t *out) {
     if (!s) return -1;
@@ -62,19 +247,26 @@ int vgpu_parse_percent(const char *s, uint32_t *out) {
 static const char *env_for(const char *base, int phys, char *which, size_t wn) {
     char name[96];
     snprintf(name, sizeof name, "%s_%d", base, phys);
-    const char *v = getenv(name);
+    const char *v = vgpu_getenv(name);
     if (v) {
         snprintf(which, wn, "%s", name);
         return v;
     }
     snprintf(which, wn, "%s", base);
-    return getenv(base);
+    return vgpu_getenv(base);
 }
 
 uint64_t vgpu_mem_limit_for(int phys) {
     char which[96];
     const char *v = env_for("CUDA_DEVICE_MEMORY_LIMIT", phys, which, sizeof which);
-    if (!v) return VGPU_UNLIMITED;
+    if (!v && vgpu_config_state() == VGPU_CONFIG_BROKEN) return 0; /* logged when the file was read */
+    if (!v) {
+        static int warned;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED) && vgpu_config_state() == VGPU_CONFIG_NONE)
+            VLOG(VLOG_WARN, "no CUDA_DEVICE_MEMORY_LIMIT in the environment and no config file%s%s: "
+                 "device memory is NOT limited for this process", *config_file ? " at " : "", config_file);
+        return VGPU_UNLIMITED;
+    }
     uint64_t bytes;
     if (vgpu_parse_size(v, &bytes) != 0) {
         VLOG(VLOG_ERROR,
@@ -91,6 +283,7 @@ uint64_t vgpu_mem_limit_for(int phys) {
 uint32_t vgpu_sm_limit_for(int phys) {
     char which[96];
     const char *v = env_for("CUDA_DEVICE_SM_LIMIT", phys, which, sizeof which);
+    if (!v && vgpu_config_state() == VGPU_CONFIG_BROKEN) return 1;
     if (!v) return 100;
     uint32_t pct;
     if (vgpu_parse_percent(v, &pct) != 0) {
@@ -103,7 +296,7 @@ uint32_t vgpu_sm_limit_for(int phys) {
 
 /* The shared truth table (vgpu_bool.h): 1 true, 0 false, dflt when unset, -1 invalid. */
 static int env_bool(const char *name, int dflt) {
-    const char *v = getenv(name);
+    const char *v = vgpu_getenv(name);
     if (!v) return dflt;
     return vgpu_bool_parse(v);
 }
@@ -115,7 +308,7 @@ int vgpu_control_disabled(void) {
     if (b < 0) {
         VLOG(VLOG_ERROR, "CUDA_DISABLE_CONTROL='%s' is not true/false (valid: 1/t/true/y/yes/on, 0/f/false/n/no/off/empty); "
              "enforcement stays on",
-             getenv("CUDA_DISABLE_CONTROL"));
+             vgpu_getenv("CUDA_DISABLE_CONTROL"));
         b = 0;
     }
     cached = b;
@@ -123,7 +316,7 @@ int vgpu_control_disabled(void) {
 }
 
 int vgpu_sm_policy(void) {
-    const char *v = getenv("GPU_CORE_UTILIZATION_POLICY");
+    const char *v = vgpu_getenv("GPU_CORE_UTILIZATION_POLICY");
     if (!v || !*v || !strcasecmp(v, "default")) return SM_POLICY_DEFAULT;
     if (!strcasecmp(v, "force")) return SM_POLICY_FORCE;
     if (!strcasecmp(v, "disable")) return SM_POLICY_DISABLE;
@@ -134,14 +327,14 @@ int vgpu_sm_policy(void) {
 int vgpu_sm_idle_mode(void) {
     int b = env_bool("LIBVGPU_SM_USE_IDLE", 0);
     if (b < 0) {
-        VLOG(VLOG_ERROR, "LIBVGPU_SM_USE_IDLE='%s' is not true/false; hard cap kept", getenv("LIBVGPU_SM_USE_IDLE"));
+        VLOG(VLOG_ERROR, "LIBVGPU_SM_USE_IDLE='%s' is not true/false; hard cap kept", vgpu_getenv("LIBVGPU_SM_USE_IDLE"));
         b = 0;
     }
     return b;
 }
 
 int vgpu_task_priority(void) {
-    const char *v = getenv("CUDA_TASK_PRIORITY");
+    const char *v = vgpu_getenv("CUDA_TASK_PRIORITY");
     if (!v || !*v) return 1;
     if (!strcmp(v, "0")) return 0;
     if (!strcmp(v, "1")) return 1;

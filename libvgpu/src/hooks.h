@@ -1,6 +1,7 @@
 /*
  * hooks.h - the one list of every exported hook (X-macros), so that the dlsym door, the
- * cuGetProcAddress door and the real-function table can never disagree.
+ * cuGetProcAddress door (doorhooks.c) and the real-function table (real.c) can never disagree.
+ * Pure macros: including it creates no dependency on any source file.
  * X(name) = a CUDA driver entry point we export under exactly that (versioned) name;
  * N(name) = an NVML entry point we export; R(name) = a real CUDA function we call
  * ourselves but do not hook; RN(name) = same for NVML.
@@ -27,6 +28,8 @@
     X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) \
     X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) \
+    X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
+    X(cuImportExternalMemory) X(cuDestroyExternalMemory) \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) \
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
     X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim)
@@ -40,26 +43,5 @@
 #define VGPU_NVML_REAL_ONLY(RN) \
     RN(nvmlInit_v2) RN(nvmlDeviceGetUUID) RN(nvmlDeviceGetIndex) RN(nvmlDeviceGetHandleByUUID) \
     RN(nvmlDeviceGetComputeRunningProcesses_v3) RN(nvmlDeviceGetComputeRunningProcesses)
-
-enum {
-#define E(n) H_##n,
-    VGPU_CUDA_HOOKS(E) VGPU_CUDA_REAL_ONLY(E) H_CUDA_END,
-#undef E
-};
-enum {
-#define E(n) HN_##n,
-    VGPU_NVML_HOOKS(E) VGPU_NVML_REAL_ONLY(E) HN_END,
-#undef E
-};
-
-extern void *vgpu_real_fn[H_CUDA_END];
-extern void *vgpu_real_nvml_fn[HN_END];
-extern int vgpu_real_ready;
-void vgpu_load_real(void);
-void vgpu_load_real_nvml(void);
-
-/* REAL(cuMemAlloc_v2) -> the driver's function pointer, typed by the caller's cast. */
-#define REAL_PTR(n) (VGPU_LIKELY(vgpu_real_ready) ? vgpu_real_fn[H_##n] : (vgpu_load_real(), vgpu_real_fn[H_##n]))
-#define REAL_NVML_PTR(n) (vgpu_load_real_nvml(), vgpu_real_nvml_fn[HN_##n])
 
 #endif

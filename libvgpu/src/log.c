@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
-#include "common.h"
+#include "log.h"
 
 int vgpu_log_level = VLOG_WARN;
 

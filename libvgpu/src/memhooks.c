@@ -1,14 +1,22 @@
 /*
  * memhooks.c - device memory limits: every allocation API is checked against the shared
  * region before the driver is asked, every free gives the bytes back, and the memory
- * queries report the limit as the card's size.
+ * queries report the limit as the card's size. (Contexts: ctxhooks.c; modules: modhooks.c;
+ * stream-ordered pools: pools.c / poolhooks.c.)
  *
  * Order of operations (why): reserve -> real call -> on failure give back. An allocation
  * over the limit therefore never reaches the driver (no side effects), and two processes
- * cannot both take the last bytes (region.c). Frees remove the tracking entry before the
- * real free, so an address the driver hands out again at once is never confused with the
- * freed one. Accounting is keyed by the device UUID, so CUDA_VISIBLE_DEVICES subsets and
- * re-orderings charge the right physical device (HAMi-core indexed by ordinal: core#319).
+ * cannot both take the last bytes (region.c). Frees remove the tracking entry (alloctrack.c)
+ * before the real free.
+ *
+ * Imported memory: cuImportExternalMemory (memory another API - Vulkan, D3D, a dma-buf - made
+ * in this process or handed over) is charged to the importer at its descriptor's size, limit
+ * checked, and given back at cuDestroyExternalMemory: from the card's side it is device
+ * memory this container holds, and no other libvgpu counter has it. Memory imported from
+ * another CUDA process (cuIpcOpenMemHandle, cuMemImportFromShareableHandle) is NOT charged: the
+ * exporting process was charged when it allocated it, and charging the importer too would
+ * count the same bytes twice (inside one container, where both share the limit, a program
+ * passing a buffer between its workers would hit the limit at half of it).
  */
 #include <cuda.h>
 #include <limits.h>
@@ -17,8 +25,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "common.h"
-#include "hooks.h"
+#include "alloctrack.h"
+#include "config.h"
+#include "devmap.h"
+#include "log.h"
+#include "pools.h"
+#include "real.h"
+#include "region.h"
 
 /* cuda.h maps the unversioned names onto _v2; we define both spellings ourselves. */
 #undef cuMemAlloc
@@ -32,155 +45,8 @@
 #undef cuMemFreeAsync
 #undef cuMemAllocFromPoolAsync
 #undef cuInit
-#undef cuDevicePrimaryCtxRelease
-#undef cuDevicePrimaryCtxReset
 
-#define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
-
-/* ---------------- device index mapping ---------------- */
-
-#define MAX_ORD 64
-static int rdev_map[MAX_ORD]; /* region device index + 1; 0 = not resolved yet */
-static pthread_mutex_t map_mu = PTHREAD_MUTEX_INITIALIZER;
-
-typedef int nvmlReturn_t_;
-typedef CUresult (*devget_t)(CUdevice *, int);
-typedef CUresult (*uuid_fn_t)(CUuuid *, CUdevice);
 typedef CUresult (*freeasync_t)(CUdeviceptr, CUstream);
-typedef void *nvmlDevice_t_;
-
-/* The container device index ("i" of CUDA_DEVICE_MEMORY_LIMIT_<i>) of CUDA ordinal `cudev`. */
-static int phys_index(int cudev, const char *uuid) {
-    const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-    if (!cvd || !*cvd) return cudev;
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", cvd);
-    char *save = NULL, *tok = strtok_r(buf, ",", &save);
-    for (int i = 0; tok; i++, tok = strtok_r(NULL, ",", &save)) {
-        if (i != cudev) continue;
-        while (*tok == ' ') tok++;
-        char *end;
-        long v = strtol(tok, &end, 10);
-        if (end != tok && *end == '\0' && v >= 0) return (int)v;
-        break; /* a UUID entry: ask NVML below */
-    }
-    nvmlReturn_t_ (*init)(void) = (nvmlReturn_t_(*)(void))REAL_NVML_PTR(nvmlInit_v2);
-    nvmlReturn_t_ (*byuuid)(const char *, nvmlDevice_t_ *) =
-        (nvmlReturn_t_(*)(const char *, nvmlDevice_t_ *))vgpu_real_nvml_fn[HN_nvmlDeviceGetHandleByUUID];
-    nvmlReturn_t_ (*index)(nvmlDevice_t_, unsigned *) =
-        (nvmlReturn_t_(*)(nvmlDevice_t_, unsigned *))vgpu_real_nvml_fn[HN_nvmlDeviceGetIndex];
-    nvmlDevice_t_ h;
-    unsigned idx;
-    if (init && byuuid && index && init() == 0 && byuuid(uuid, &h) == 0 && index(h, &idx) == 0) return (int)idx;
-    VLOG(VLOG_WARN, "cannot map CUDA device %d (%s) to a container index; using %d", cudev, uuid, cudev);
-    return cudev;
-}
-
-static void format_uuid(const unsigned char *b, char *out, size_t n) {
-    snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
-             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-}
-
-int vgpu_rdev_of_cuda(int cudev) {
-    if (cudev < 0 || cudev >= MAX_ORD) return -1;
-    int v = __atomic_load_n(&rdev_map[cudev], __ATOMIC_ACQUIRE);
-    if (VGPU_LIKELY(v > 0)) return v - 1;
-    pthread_mutex_lock(&map_mu);
-    v = rdev_map[cudev];
-    if (v == 0) {
-        CUdevice dev = cudev;
-        CALL_REAL(devget_t, cuDeviceGet, &dev, cudev);
-        CUuuid u;
-        char uuid[96];
-        CUresult rc = CALL_REAL(uuid_fn_t, cuDeviceGetUuid_v2, &u, dev);
-        if (rc != CUDA_SUCCESS) rc = CALL_REAL(uuid_fn_t, cuDeviceGetUuid, &u, dev);
-        if (rc == CUDA_SUCCESS) format_uuid((const unsigned char *)u.bytes, uuid, sizeof uuid);
-        else snprintf(uuid, sizeof uuid, "cuda-ordinal-%d", cudev);
-        int idx = vgpu_device_register(uuid, phys_index(cudev, uuid));
-        if (idx >= 0) __atomic_store_n(&rdev_map[cudev], idx + 1, __ATOMIC_RELEASE);
-        v = idx + 1;
-    }
-    pthread_mutex_unlock(&map_mu);
-    return v - 1;
-}
-
-int vgpu_current_rdev(void) {
-    CUdevice dev;
-    if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &dev) != CUDA_SUCCESS) return -1;
-    return vgpu_rdev_of_cuda((int)dev);
-}
-
-/* ---------------- per-process allocation tracking ---------------- */
-
-enum { K_PTR = 1, K_ARRAY = 2, K_MIPMAP = 3, K_VMM = 4 };
-typedef struct track {
-    uint64_t key;
-    int kind, rdev;
-    uint64_t bytes;
-    struct track *next;
-    int pool; /* pools.c index for stream-ordered allocations charged through their pool, else -1 */
-} track_t;
-#define NBUCKET 4096
-static track_t *buckets[NBUCKET];
-static pthread_mutex_t track_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static unsigned bucket_of(uint64_t key, int kind) {
-    uint64_t h = (key ^ (uint64_t)kind) * 0x9E3779B97F4A7C15ull;
-    return (unsigned)(h >> 52) & (NBUCKET - 1);
-}
-
-static void track_add_pool(int kind, uint64_t key, int rdev, uint64_t bytes, int pool) {
-    track_t *t = malloc(sizeof *t);
-    if (!t) return;
-    *t = (track_t){key, kind, rdev, bytes, NULL, pool};
-    unsigned b = bucket_of(key, kind);
-    pthread_mutex_lock(&track_mu);
-    t->next = buckets[b];
-    buckets[b] = t;
-    pthread_mutex_unlock(&track_mu);
-}
-
-static track_t *track_take(int kind, uint64_t key) {
-    unsigned b = bucket_of(key, kind);
-    pthread_mutex_lock(&track_mu);
-    track_t **pp = &buckets[b], *t;
-    while ((t = *pp) && !(t->key == key && t->kind == kind)) pp = &t->next;
-    if (t) *pp = t->next;
-    pthread_mutex_unlock(&track_mu);
-    return t;
-}
-
-static void track_add(int kind, uint64_t key, int rdev, uint64_t bytes) { track_add_pool(kind, key, rdev, bytes, -1); }
-
-/* Put an entry back when the real free failed (the memory is still held). */
-static void track_put(track_t *t) {
-    unsigned b = bucket_of(t->key, t->kind);
-    pthread_mutex_lock(&track_mu);
-    t->next = buckets[b];
-    buckets[b] = t;
-    pthread_mutex_unlock(&track_mu);
-}
-
-static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
-static int ctx_refs[MAX_ORD];
-static uint64_t ctx_charged[MAX_ORD];
-static void *primary_ctx[MAX_ORD]; /* handle of the retained primary context, for its modules */
-
-void vgpu_track_reset_after_fork(void) {
-    pthread_mutex_init(&ctx_mu, NULL);
-    memset(ctx_refs, 0, sizeof ctx_refs); /* CUDA contexts do not survive fork */
-    memset(ctx_charged, 0, sizeof ctx_charged);
-    memset(primary_ctx, 0, sizeof primary_ctx);
-    vgpu_ctxmod_reset_after_fork();
-    vgpu_pools_reset_after_fork();
-    pthread_mutex_init(&track_mu, NULL);
-    pthread_mutex_init(&map_mu, NULL);
-    for (int i = 0; i < NBUCKET; i++) {
-        track_t *t = buckets[i];
-        while (t) { track_t *n = t->next; free(t); t = n; }
-        buckets[i] = NULL;
-    }
-}
 
 /* ---------------- helpers ---------------- */
 
@@ -211,7 +77,7 @@ static void give_back(int rdev, uint64_t bytes) {
 }
 
 static CUresult free_tracked(int kind, uint64_t key, CUresult (*do_free)(uint64_t, void *), void *arg) {
-    track_t *t = key ? track_take(kind, key) : NULL;
+    track_t *t = key ? vgpu_track_take(kind, key) : NULL;
     CUresult rc = do_free(key, arg);
     if (t) {
         if (rc == CUDA_SUCCESS) {
@@ -219,7 +85,7 @@ static CUresult free_tracked(int kind, uint64_t key, CUresult (*do_free)(uint64_
             else vgpu_unreserve(t->rdev, t->bytes);
             free(t);
         } else {
-            track_put(t);
+            vgpu_track_put(t);
         }
     }
     return rc;
@@ -241,7 +107,7 @@ VGPU_EXPORT CUresult cuInit(unsigned int flags) {
         if (rdev_ == -2) return CUDA_ERROR_OUT_OF_MEMORY;                 \
         CUresult rc_ = (realcall);                                        \
         if (rc_ != CUDA_SUCCESS) { give_back(rdev_, (bytes)); return rc_; } \
-        if (rdev_ >= 0) track_add(K_PTR, (uint64_t)(key), rdev_, (bytes)); \
+        if (rdev_ >= 0) vgpu_track_add(K_PTR, (uint64_t)(key), rdev_, (bytes)); \
         return rc_;                                                       \
     } while (0)
 
@@ -284,7 +150,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
             else give_back(rdev_, (bytes));                                                    \
             return rc_;                                                                        \
         }                                                                                      \
-        if (rdev_ >= 0) track_add_pool(K_PTR, (uint64_t)*dptr, rdev_, (bytes), pidx_);         \
+        if (rdev_ >= 0) vgpu_track_add_pool(K_PTR, (uint64_t)*dptr, rdev_, (bytes), pidx_);         \
         return rc_;                                                                            \
     } while (0)
 
@@ -340,7 +206,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     } else if (actual < est) {
         give_back(rdev, est - actual);
     }
-    track_add(K_PTR, *dptr, rdev, actual);
+    vgpu_track_add(K_PTR, *dptr, rdev, actual);
     return rc;
 }
 
@@ -367,7 +233,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1_ *dptr, unsigned int *pitch,
     } else if (actual < est) {
         give_back(rdev, est - actual);
     }
-    track_add(K_PTR, *dptr, rdev, actual);
+    vgpu_track_add(K_PTR, *dptr, rdev, actual);
     return rc;
 }
 
@@ -424,7 +290,7 @@ VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR 
     if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(fn, cuArrayCreate_v2, arr, desc);
     if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
+    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
     return rc;
 }
 
@@ -436,7 +302,7 @@ VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIP
     if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(fn, cuArray3DCreate_v2, arr, desc);
     if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
+    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
     return rc;
 }
 
@@ -456,7 +322,7 @@ VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const array_desc_v1_t *desc) {
     if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(fn, cuArrayCreate, arr, desc);
     if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
+    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
     return rc;
 }
 
@@ -468,7 +334,7 @@ VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const array3d_desc_v1_t *desc
     if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(fn, cuArray3DCreate, arr, desc);
     if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
+    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
     return rc;
 }
 
@@ -494,7 +360,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRA
     if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(fn, cuMipmappedArrayCreate, h, desc, levels);
     if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) track_add(K_MIPMAP, (uint64_t)(uintptr_t)*h, rdev, bytes);
+    if (rdev >= 0) vgpu_track_add(K_MIPMAP, (uint64_t)(uintptr_t)*h, rdev, bytes);
     return rc;
 }
 
@@ -520,7 +386,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
     }
     CUresult rc = CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
     if (rc != CUDA_SUCCESS) { give_back(rdev, size); return rc; }
-    if (rdev >= 0) track_add(K_VMM, (uint64_t)*handle, rdev, size);
+    if (rdev >= 0) vgpu_track_add(K_VMM, (uint64_t)*handle, rdev, size);
     return rc;
 }
 
@@ -528,6 +394,26 @@ static CUresult do_release(uint64_t h, void *x) { (void)x; return CALL_REAL(CUre
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     if (off()) return do_release(h, NULL);
     return free_tracked(K_VMM, h, do_release, NULL);
+}
+
+/* ---------------- imported memory ---------------- */
+
+VGPU_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
+    typedef CUresult (*fn)(CUexternalMemory *, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *);
+    if (off() || !ext || !desc) return CALL_REAL(fn, cuImportExternalMemory, ext, desc);
+    uint64_t bytes = desc->size;
+    int rdev = reserve_current(bytes, "cuImportExternalMemory");
+    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = CALL_REAL(fn, cuImportExternalMemory, ext, desc);
+    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
+    if (rdev >= 0) vgpu_track_add(K_EXTMEM, (uint64_t)(uintptr_t)*ext, rdev, bytes);
+    return rc;
+}
+
+static CUresult do_destroy_ext(uint64_t e, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUexternalMemory), cuDestroyExternalMemory, (CUexternalMemory)(uintptr_t)e); }
+VGPU_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory e) {
+    if (off()) return do_destroy_ext((uint64_t)(uintptr_t)e, NULL);
+    return free_tracked(K_EXTMEM, (uint64_t)(uintptr_t)e, do_destroy_ext, NULL);
 }
 
 /* ---------------- what the application sees ---------------- */
@@ -586,136 +472,3 @@ VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     return rc;
 }
 
-/* ---------------- context memory ---------------- */
-
-/* The primary context's memory (about 500 MiB on an H200) is charged to the device when this
- * process first retains it, and given back when the last reference is released or the context
- * is reset. Measured with NVML: this process's own entry in the compute-process list when its
- * pid is visible (no PID namespace), else the growth of the device's used memory across the
- * retain (may include a neighbour's allocation made in the same instant; capped at 1 GiB). */
-#define CTX_CHARGE_MAX (1ull << 30)
-
-typedef struct { unsigned long long total, free, used; } nvml_mem_t;
-typedef struct { unsigned int pid; unsigned long long used; unsigned int gi, ci; } nvml_proc_t;
-
-static void *nvml_handle_of(int rdev) {
-    typedef int (*init_t)(void);
-    typedef int (*byuuid_t)(const char *, void **);
-    init_t init = (init_t)REAL_NVML_PTR(nvmlInit_v2);
-    byuuid_t byuuid = (byuuid_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetHandleByUUID];
-    void *h = NULL;
-    if (!init || !byuuid || !vgpu_region || init() != 0) return NULL;
-    return byuuid(vgpu_region->devices[rdev].uuid, &h) == 0 ? h : NULL;
-}
-
-static int nvml_used(void *h, uint64_t *used) {
-    typedef int (*mem_t)(void *, nvml_mem_t *);
-    mem_t mem = (mem_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetMemoryInfo];
-    nvml_mem_t m;
-    if (!h || !mem || mem(h, &m) != 0) return -1;
-    *used = m.used;
-    return 0;
-}
-
-static int nvml_self_used(void *h, uint64_t *used) {
-    typedef int (*procs_t)(void *, unsigned *, nvml_proc_t *);
-    procs_t procs = (procs_t)vgpu_real_nvml_fn[HN_nvmlDeviceGetComputeRunningProcesses_v3];
-    nvml_proc_t list[64];
-    unsigned n = 64;
-    if (!h || !procs || procs(h, &n, list) != 0) return -1;
-    for (unsigned i = 0; i < n && i < 64; i++)
-        if (list[i].pid == (unsigned)getpid() && list[i].used != ~0ull) { *used = list[i].used; return 0; }
-    return -1;
-}
-
-/* Measured as a difference across the call, so it stays right when the process already holds
- * memory (another context, allocations): this process's own NVML entry when its pid is
- * visible after the call (an entry missing before the call counts as 0: a process without a
- * context is not listed), else the device's used memory. From either difference the growth
- * of what we already account in the same window is taken off (this process's slot for the
- * own entry, the whole container for the device figure), so allocations made by other threads
- * or neighbours of the container meanwhile are not charged twice. */
-void vgpu_ctx_measure_begin(int rdev, vgpu_measure_t *m) {
-    *m = (vgpu_measure_t){0};
-    m->h = rdev >= 0 ? nvml_handle_of(rdev) : NULL;
-    if (!m->h) return;
-    m->self_ok = nvml_self_used(m->h, &m->self0) == 0;
-    if (!m->self_ok) m->self0 = 0;
-    m->dev_ok = nvml_used(m->h, &m->dev0) == 0;
-    m->mine0 = vgpu_my_usage(rdev);
-    m->cont0 = vgpu_device_usage(rdev);
-}
-
-uint64_t vgpu_growth(uint64_t before, uint64_t after, uint64_t acct_before, uint64_t acct_after) {
-    /* signed: a neighbour's free inside the window lowers both figures alike */
-    int64_t g = (int64_t)(after - before) - (int64_t)(acct_after - acct_before);
-    return g > 0 ? (uint64_t)g : 0;
-}
-
-uint64_t vgpu_ctx_measure_end(int rdev, vgpu_measure_t *m) {
-    uint64_t after, charge = 0;
-    if (!m->h) return 0;
-    if (nvml_self_used(m->h, &after) == 0) charge = vgpu_growth(m->self0, after, m->mine0, vgpu_my_usage(rdev));
-    else if (m->dev_ok && nvml_used(m->h, &after) == 0)
-        charge = vgpu_growth(m->dev0, after, m->cont0, vgpu_device_usage(rdev));
-    return charge > CTX_CHARGE_MAX ? CTX_CHARGE_MAX : charge;
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    typedef CUresult (*fn)(CUcontext *, CUdevice);
-    if (off() || dev < 0 || dev >= MAX_ORD) return CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
-    pthread_mutex_lock(&ctx_mu);
-    int first = ctx_refs[dev] == 0;
-    int rdev = first ? vgpu_rdev_of_cuda((int)dev) : -1;
-    vgpu_measure_t m;
-    if (rdev >= 0) vgpu_measure_lock();
-    vgpu_ctx_measure_begin(rdev, &m);
-    CUresult rc = CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
-    uint64_t charge = rc == CUDA_SUCCESS ? vgpu_ctx_measure_end(rdev, &m) : 0;
-    if (rdev >= 0) vgpu_measure_unlock();
-    if (rc == CUDA_SUCCESS) {
-        ctx_refs[dev]++;
-        if (pctx) primary_ctx[dev] = *pctx;
-        if (charge) {
-            vgpu_charge_context(rdev, charge);
-            ctx_charged[dev] = charge;
-            VLOG(VLOG_INFO, "context on device %d charged %llu bytes", (int)dev, (unsigned long long)charge);
-        }
-    }
-    pthread_mutex_unlock(&ctx_mu);
-    return rc;
-}
-
-static void ctx_drop(CUdevice dev, int all) {
-    if (dev < 0 || dev >= MAX_ORD) return;
-    pthread_mutex_lock(&ctx_mu);
-    if (ctx_refs[dev] > 0) ctx_refs[dev] = all ? 0 : ctx_refs[dev] - 1;
-    if (ctx_refs[dev] == 0 && ctx_charged[dev]) {
-        vgpu_uncharge_context(vgpu_rdev_of_cuda((int)dev), ctx_charged[dev]);
-        ctx_charged[dev] = 0;
-    }
-    void *gone = ctx_refs[dev] == 0 ? primary_ctx[dev] : NULL;
-    pthread_mutex_unlock(&ctx_mu);
-    if (gone) vgpu_modules_drop_ctx(gone);
-}
-
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
-    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 0);
-    return rc;
-}
-VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease, dev);
-    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 0);
-    return rc;
-}
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxReset_v2, dev);
-    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 1);
-    return rc;
-}
-VGPU_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxReset, dev);
-    if (rc == CUDA_SUCCESS && !off()) ctx_drop(dev, 1);
-    return rc;
-}

@@ -6,8 +6,10 @@
  * is right whatever CUDA_VISIBLE_DEVICES says. A device no CUDA process has registered yet
  * is registered here, its limit taken from CUDA_DEVICE_MEMORY_LIMIT_<NVML index>.
  */
-#include "common.h"
-#include "hooks.h"
+#include "config.h"
+#include "log.h"
+#include "real.h"
+#include "region.h"
 #include "nvml_subset.h"
 
 static int rdev_of_nvml(nvmlDevice_t dev) {

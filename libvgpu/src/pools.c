@@ -25,16 +25,20 @@
  * and charged into data[] without a limit check (the memory exists by then); later
  * allocations see it.
  */
+#include <stdatomic.h>
 #include <cuda.h>
 #undef cuGraphUpload
 #include <pthread.h>
 #include <string.h>
-#include "common.h"
-#include "hooks.h"
-
-#define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
+#include "config.h"
+#include "devmap.h"
+#include "forkreg.h"
+#include "log.h"
+#include "pools.h"
+#include "real.h"
+#include "region.h"
 #define POOL_MAX 64
-#define DEV_MAX 64
+#define DEV_MAX MAX_ORD
 
 typedef struct {
     uint64_t handle;
@@ -50,7 +54,7 @@ static _Atomic int pools_excess; /* some pool holds more than live + threshold: 
 static uint64_t graph_charged[DEV_MAX]; /* CUDA ordinal -> graph-pool bytes charged */
 static _Atomic uint64_t graph_next_sample_ns;
 
-void vgpu_pools_reset_after_fork(void) {
+static void pools_after_fork(void) {
     pthread_mutex_init(&pool_mu, NULL);
     memset(pools, 0, sizeof pools);
     memset(current_pool, 0, sizeof current_pool);
@@ -140,57 +144,44 @@ void vgpu_pools_synced(void) {
     pthread_mutex_unlock(&pool_mu);
 }
 
-VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, size_t), cuMemPoolTrimTo, pool, keep);
-    if (rc != CUDA_SUCCESS || vgpu_control_disabled()) return rc;
+void vgpu_pool_trimmed(uint64_t pool, uint64_t keep) {
     pthread_mutex_lock(&pool_mu);
-    int i = pool_index((uint64_t)(uintptr_t)pool, -1);
+    int i = pool_index(pool, -1);
     if (i >= 0) settle(&pools[i], keep);
     pthread_mutex_unlock(&pool_mu);
-    return rc;
 }
 
-VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *), cuMemPoolSetAttribute, pool,
-                            attr, value);
-    if (rc != CUDA_SUCCESS || attr != CU_MEMPOOL_ATTR_RELEASE_THRESHOLD || !value || vgpu_control_disabled())
-        return rc;
+void vgpu_pool_set_threshold(uint64_t pool, uint64_t threshold) {
     pthread_mutex_lock(&pool_mu);
     /* A pool we have not seen yet is recorded now; its device is learnt at the first allocation. */
-    int i = pool_index((uint64_t)(uintptr_t)pool, -1);
+    int i = pool_index(pool, -1);
     if (i < 0 && npools < POOL_MAX) {
-        pools[npools] = (pool_t){(uint64_t)(uintptr_t)pool, -1, 0, 0, 0};
+        pools[npools] = (pool_t){pool, -1, 0, 0, 0};
         i = npools++;
     }
-    if (i >= 0) pools[i].threshold = *(cuuint64_t *)value;
+    if (i >= 0) pools[i].threshold = threshold;
     pthread_mutex_unlock(&pool_mu);
-    return rc;
 }
 
-VGPU_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUdevice, CUmemoryPool), cuDeviceSetMemPool, dev, pool);
-    if (rc == CUDA_SUCCESS && dev >= 0 && dev < DEV_MAX) __atomic_store_n(&current_pool[dev], (void *)pool, __ATOMIC_RELEASE);
-    return rc;
+void vgpu_pool_set_current(int cudev, uint64_t pool) {
+    if (cudev >= 0 && cudev < DEV_MAX) __atomic_store_n(&current_pool[cudev], (void *)(uintptr_t)pool, __ATOMIC_RELEASE);
 }
 
 /* A destroyed pool gives back what it held beyond its live allocations (which stay valid
  * until freed, and are still counted). */
-VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool), cuMemPoolDestroy, pool);
-    if (rc != CUDA_SUCCESS || vgpu_control_disabled()) return rc;
+void vgpu_pool_destroyed(uint64_t pool) {
     pthread_mutex_lock(&pool_mu);
-    int i = pool_index((uint64_t)(uintptr_t)pool, -1);
+    int i = pool_index(pool, -1);
     if (i >= 0) {
         settle(&pools[i], 0);
         pools[i].threshold = 0;
     }
     pthread_mutex_unlock(&pool_mu);
-    return rc;
 }
 
 /* ---------------- graph memory ---------------- */
 
-static void graphmem_sample(CUdevice dev) {
+void vgpu_graphmem_sample(int dev) {
     typedef CUresult (*attr_t)(CUdevice, CUgraphMem_attribute, void *);
     cuuint64_t v = 0;
     if (dev < 0 || dev >= DEV_MAX || vgpu_control_disabled()) return;
@@ -211,32 +202,16 @@ static void graphmem_sample(CUdevice dev) {
     pthread_mutex_unlock(&pool_mu);
 }
 
-static void graphmem_sample_current(void) {
+void vgpu_graphmem_sample_current(void) {
     CUdevice d;
-    if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d) == CUDA_SUCCESS) graphmem_sample(d);
+    if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d) == CUDA_SUCCESS) vgpu_graphmem_sample((int)d);
 }
 
 void vgpu_graphmem_after_launch(void) {
     uint64_t now = vgpu_now_ns(), next = atomic_load_explicit(&graph_next_sample_ns, memory_order_relaxed);
     if (VGPU_LIKELY(now < next)) return;
     atomic_store_explicit(&graph_next_sample_ns, now + 10000000ull, memory_order_relaxed);
-    graphmem_sample_current();
+    vgpu_graphmem_sample_current();
 }
 
-VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload, g, s);
-    if (rc == CUDA_SUCCESS) graphmem_sample_current();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload_ptsz, g, s);
-    if (rc == CUDA_SUCCESS) graphmem_sample_current();
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDeviceGraphMemTrim, dev);
-    if (rc == CUDA_SUCCESS) graphmem_sample(dev);
-    return rc;
-}
+__attribute__((constructor)) static void pools_register_fork(void) { vgpu_on_fork_child(pools_after_fork); }

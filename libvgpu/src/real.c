@@ -1,54 +1,109 @@
 /*
- * real.c - finding the real driver and NVML, and door B (our exported dlsym).
+ * real.c - finding the real driver and NVML functions, and the real dlsym/dlvsym.
  *
- * Why dlsym is replaced: a program (or cudart, PyTorch, NCCL) that dlopen()s libcuda and
- * dlsym()s an entry point through that handle would otherwise get the driver's function
- * and bypass the preloaded hooks. Our dlsym performs the real lookup first and only swaps
- * the answer when it is libcuda's / libnvidia-ml's own definition of a name we hook, so
- * lookups of any other library, misses, and prefixes like "curl_" or "cublas" behave
- * exactly as before and trigger no initialisation. RTLD_NEXT is resolved relative to the
- * *caller's* object (not to libvgpu), which other interposers rely on.
+ * Why the real dlsym/dlvsym are found by reading the C library's dynamic symbol table: this
+ * library exports both names itself (doorhooks.c), so a call to "dlvsym" from here would reach
+ * our own. Reading the table of libc.so.6 / libdl.so.2 (whichever defines them: glibc moved
+ * them into libc in 2.34) needs only dl_iterate_phdr, which every glibc since 2.2.4 has, and
+ * binds to no symbol version newer than the build's baseline (GLIBC_2.17).
  */
+#include <stdatomic.h>
 #include <dlfcn.h>
+#include <elf.h>
 #include <link.h>
 #include <pthread.h>
 #include <string.h>
-#include "common.h"
-#include "hooks.h"
+#include "config.h"
+#include "log.h"
+#include "real.h"
 
 typedef void *(*dlsym_fn)(void *, const char *);
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 static dlsym_fn real_dlsym_fn;
+static dlvsym_fn real_dlvsym_fn;
 
-static void resolve_real_dlsym(void) {
-    static const char *vers[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0", NULL};
-    for (int i = 0; vers[i] && !real_dlsym_fn; i++) real_dlsym_fn = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", vers[i]);
+static uint32_t gnu_hash(const char *s) {
+    uint32_t h = 5381;
+    for (; *s; s++) h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+/* Address of the defined dynamic symbol `name` in the object `info`, via its DT_GNU_HASH or
+ * DT_HASH table; NULL when absent. */
+static void *elf_lookup(struct dl_phdr_info *info, const char *name) {
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    if (!dyn) return NULL;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *gnu = NULL, *sysv = NULL;
+    for (; dyn->d_tag != DT_NULL; dyn++) {
+        /* glibc's loader relocates these entries to absolute addresses; a few loaders do not */
+        ElfW(Addr) p = dyn->d_un.d_ptr;
+        if (p && p < info->dlpi_addr) p += info->dlpi_addr;
+        if (dyn->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)p;
+        else if (dyn->d_tag == DT_STRTAB) strtab = (const char *)p;
+        else if (dyn->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)p;
+        else if (dyn->d_tag == DT_HASH) sysv = (const uint32_t *)p;
+    }
+    if (!symtab || !strtab) return NULL;
+    if (gnu) {
+        uint32_t nb = gnu[0], off = gnu[1], bloom = gnu[2], h = gnu_hash(name);
+        const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)&gnu[4] + bloom);
+        const uint32_t *chain = buckets + nb;
+        if (!nb) return NULL;
+        uint32_t idx = buckets[h % nb];
+        if (idx < off) return NULL;
+        for (;; idx++) {
+            uint32_t h2 = chain[idx - off];
+            const ElfW(Sym) *s = &symtab[idx];
+            if ((h | 1) == (h2 | 1) && s->st_shndx != SHN_UNDEF && s->st_value && !strcmp(strtab + s->st_name, name))
+                return (void *)(info->dlpi_addr + s->st_value);
+            if (h2 & 1) return NULL;
+        }
+    }
+    if (sysv) {
+        uint32_t n = sysv[1];
+        for (uint32_t i = 0; i < n; i++) {
+            const ElfW(Sym) *s = &symtab[i];
+            if (s->st_shndx != SHN_UNDEF && s->st_value && !strcmp(strtab + s->st_name, name))
+                return (void *)(info->dlpi_addr + s->st_value);
+        }
+    }
+    return NULL;
+}
+
+static int find_dl(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size; (void)arg;
+    const char *n = info->dlpi_name ? info->dlpi_name : "";
+    const char *base = strrchr(n, '/');
+    base = base ? base + 1 : n;
+    if (strncmp(base, "libc.so", 7) && strncmp(base, "libdl.so", 8)) return 0;
+    if (!real_dlsym_fn) real_dlsym_fn = (dlsym_fn)elf_lookup(info, "dlsym");
+    if (!real_dlvsym_fn) real_dlvsym_fn = (dlvsym_fn)elf_lookup(info, "dlvsym");
+    return real_dlsym_fn && real_dlvsym_fn;
+}
+
+static void resolve_real_dl(void) {
+    if (!real_dlsym_fn || !real_dlvsym_fn) dl_iterate_phdr(find_dl, NULL);
 }
 
 __attribute__((constructor)) static void vgpu_ctor(void) {
     vgpu_log_init();
-    resolve_real_dlsym();
+    resolve_real_dl();
+    if (!real_dlsym_fn) VLOG(VLOG_ERROR, "the C library's dlsym was not found; driver calls will fail");
 }
 
 void *vgpu_real_dlsym(void *handle, const char *name) {
-    if (VGPU_UNLIKELY(!real_dlsym_fn)) resolve_real_dlsym();
+    if (VGPU_UNLIKELY(!real_dlsym_fn)) resolve_real_dl();
     return real_dlsym_fn ? real_dlsym_fn(handle, name) : NULL;
 }
 
-/* ---- the hook table ---- */
-#define D(n) extern void n(void);
-VGPU_CUDA_HOOKS(D)
-VGPU_NVML_HOOKS(D)
-#undef D
-
-typedef struct { const char *name; void *hook; int nvml; int idx; } hook_entry_t;
-static const hook_entry_t hook_table[] = {
-#define C(n) {#n, (void *)n, 0, H_##n},
-#define NV(n) {#n, (void *)n, 1, HN_##n},
-    VGPU_CUDA_HOOKS(C) VGPU_NVML_HOOKS(NV)
-#undef C
-#undef NV
-};
-#define HOOK_COUNT (sizeof hook_table / sizeof hook_table[0])
+void *vgpu_real_dlvsym(void *handle, const char *name, const char *version) {
+    if (VGPU_UNLIKELY(!real_dlvsym_fn)) resolve_real_dl();
+    return real_dlvsym_fn ? real_dlvsym_fn(handle, name, version) : NULL;
+}
 
 static const char *const cuda_names[H_CUDA_END] = {
 #define S(n) #n,
@@ -102,56 +157,3 @@ void *vgpu_real_nvml(const char *name) {
     return h ? vgpu_real_dlsym(h, name) : NULL;
 }
 
-void *vgpu_hook_for(const char *name) {
-    for (size_t i = 0; i < HOOK_COUNT; i++)
-        if (!strcmp(hook_table[i].name, name)) return hook_table[i].hook;
-    return NULL;
-}
-
-void *vgpu_hook_for_real(void *real_fn) {
-    if (!real_fn) return NULL;
-    vgpu_load_real();
-    for (size_t i = 0; i < HOOK_COUNT; i++)
-        if (!hook_table[i].nvml && vgpu_real_fn[hook_table[i].idx] == real_fn) return hook_table[i].hook;
-    return NULL;
-}
-
-/* 1 when `fn` is defined in libcuda.so* or libnvidia-ml.so*. */
-static int from_driver(void *fn) {
-    Dl_info info;
-    if (!dladdr(fn, &info) || !info.dli_fname) return 0;
-    const char *base = strrchr(info.dli_fname, '/');
-    base = base ? base + 1 : info.dli_fname;
-    return !strncmp(base, "libcuda.so", 10) || !strncmp(base, "libnvidia-ml.so", 15);
-}
-
-/* RTLD_NEXT relative to the object containing `caller`: the first object after it in the
- * link-map order whose own definition of `name` exists. */
-static void *next_after(void *caller, const char *name) {
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-        return vgpu_real_dlsym(RTLD_NEXT, name);
-    for (struct link_map *m = lm->l_next; m; m = m->l_next) {
-        void *h = dlopen(m->l_name && *m->l_name ? m->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h) continue;
-        void *sym = vgpu_real_dlsym(h, name);
-        dlclose(h);
-        if (!sym) continue;
-        Dl_info si;
-        struct link_map *sm = NULL;
-        if (dladdr1(sym, &si, (void **)&sm, RTLD_DL_LINKMAP) && sm == m) return sym;
-    }
-    return NULL;
-}
-
-VGPU_EXPORT void *dlsym(void *handle, const char *name) {
-    void *r;
-    if (handle == RTLD_NEXT) r = next_after(__builtin_return_address(0), name);
-    else r = vgpu_real_dlsym(handle, name);
-    if (r && ((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4))) {
-        void *hook = vgpu_hook_for(name);
-        if (hook && hook != r && from_driver(r) && !vgpu_control_disabled()) return hook;
-    }
-    return r;
-}

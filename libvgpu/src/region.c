@@ -11,6 +11,7 @@
  * state, start time against pid reuse) and their slots are zeroed by whoever notices,
  * at most every 500 ms on the hot path and always before an out-of-memory answer.
  */
+#include <stdatomic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -23,7 +24,10 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include "common.h"
+#include "config.h"
+#include "forkreg.h"
+#include "log.h"
+#include "region.h"
 
 #define REAP_INTERVAL_NS 500000000ull
 #define DEFAULT_CACHE "/tmp/cudevshr.cache"
@@ -31,16 +35,11 @@
 vgpu_region_t *vgpu_region;
 static int region_fd = -1;
 static char region_path[4096];
+static uint64_t region_key;
 static int my_slot = -1;
 static pid_t my_pid;
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t region_once = PTHREAD_ONCE_INIT;
-
-uint64_t vgpu_now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
 
 static void file_lock(int on) {
     if (region_fd < 0) return;
@@ -97,6 +96,7 @@ static void use_private(const char *why, const char *path) {
     if (p == MAP_FAILED) return;
     vgpu_region = p;
     init_header(vgpu_region);
+    region_key = (vgpu_now_ns() << 20) ^ (uint64_t)getpid() ^ 0x8000000000000000ull;
 }
 
 static void exit_handler(void) {
@@ -107,13 +107,14 @@ static void exit_handler(void) {
         atomic_store(&s->used[d], 0);
         atomic_store(&s->data[d], 0);
         atomic_store(&s->context[d], 0);
+        atomic_store(&s->module[d], 0);
     }
     atomic_store(&s->pid, 0);
     my_slot = -1;
 }
 
 static void open_region(void) {
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    const char *path = vgpu_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (!path || !*path) path = DEFAULT_CACHE;
     snprintf(region_path, sizeof region_path, "%s", path);
     mode_t old = umask(0);
@@ -123,6 +124,7 @@ static void open_region(void) {
     lock_region();
     struct stat st;
     if (fstat(region_fd, &st) != 0) { unlock_region(); use_private(strerror(errno), path); return; }
+    region_key = ((uint64_t)st.st_dev << 40) ^ (uint64_t)st.st_ino;
     if ((size_t)st.st_size < sizeof(vgpu_region_t) && ftruncate(region_fd, sizeof(vgpu_region_t)) != 0) {
         unlock_region(); use_private(strerror(errno), path); return;
     }
@@ -158,14 +160,19 @@ static void after_fork_child(void) {
         close(region_fd);
         region_fd = fd;
     }
-    vgpu_track_reset_after_fork();
 }
 
 static void region_init_once(void) {
     my_pid = getpid();
     open_region();
     atexit(exit_handler);
-    pthread_atfork(NULL, NULL, after_fork_child);
+}
+
+__attribute__((constructor)) static void region_register_fork(void) { vgpu_on_fork_child(after_fork_child); }
+
+uint64_t vgpu_region_key(void) {
+    vgpu_region_ensure();
+    return region_key;
 }
 
 int vgpu_region_ensure(void) {

@@ -23,25 +23,20 @@
  * pause while NVML shows no compute process on the card outside this container.
  * The disabled path costs one load and one predictable branch per launch.
  */
+#include <stdatomic.h>
 #include <cuda.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "common.h"
-#include "hooks.h"
+#include "config.h"
+#include "devmap.h"
+#include "log.h"
+#include "real.h"
+#include "region.h"
+#include "smlimit.h"
 
-#undef cuLaunchKernel
-#undef cuLaunchKernelEx
-#undef cuLaunchCooperativeKernel
-#undef cuGraphLaunch
-#undef cuStreamSynchronize
-#undef cuEventSynchronize
-
-extern char **environ;
-
-enum { SM_UNKNOWN = 0, SM_NONE = 1, SM_ACTIVE = 2 };
-static int sm_state = SM_UNKNOWN;
+int vgpu_sm_state = SM_UNKNOWN;
 static uint64_t slice_ns = 250000000ull;
 static int idle_mode;
 
@@ -62,17 +57,15 @@ static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
 
 static void sm_setup(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&pacers[i].mu, NULL);
-    int any = 0;
-    for (char **e = environ; e && *e; e++)
-        if (!strncmp(*e, "CUDA_DEVICE_SM_LIMIT", 20)) any = 1;
+    int any = vgpu_config_has_prefix("CUDA_DEVICE_SM_LIMIT");
     int policy = vgpu_sm_policy();
     idle_mode = policy != SM_POLICY_FORCE && vgpu_sm_idle_mode();
-    const char *s = getenv("LIBVGPU_SM_SLICE_MS");
+    const char *s = vgpu_getenv("LIBVGPU_SM_SLICE_MS");
     if (s && atoi(s) > 0) slice_ns = (uint64_t)atoi(s) * 1000000ull;
     int state = (!any || policy == SM_POLICY_DISABLE || vgpu_control_disabled()) ? SM_NONE : SM_ACTIVE;
     if (state == SM_ACTIVE) VLOG(VLOG_INFO, "compute limiter on (slice %llu ms, %s)",
                                  (unsigned long long)(slice_ns / 1000000), idle_mode ? "idle-time mode" : "hard cap");
-    __atomic_store_n(&sm_state, state, __ATOMIC_RELEASE);
+    __atomic_store_n(&vgpu_sm_state, state, __ATOMIC_RELEASE);
 }
 
 static void sleep_until(uint64_t t) {
@@ -185,8 +178,8 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
 }
 
 void vgpu_sm_before_launch(void *stream) {
-    if (VGPU_UNLIKELY(__atomic_load_n(&sm_state, __ATOMIC_ACQUIRE) == SM_UNKNOWN)) pthread_once(&sm_once, sm_setup);
-    if (sm_state != SM_ACTIVE) return;
+    if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_sm_state, __ATOMIC_ACQUIRE) == SM_UNKNOWN)) pthread_once(&sm_once, sm_setup);
+    if (vgpu_sm_state != SM_ACTIVE) return;
     int rdev = vgpu_current_rdev();
     if (rdev < 0 || !vgpu_region) return;
     vgpu_device_t *d = &vgpu_region->devices[rdev];
@@ -228,84 +221,4 @@ void vgpu_sm_before_launch(void *stream) {
     pthread_mutex_unlock(&pc->mu);
 }
 
-#define SYNCED() do { if (VGPU_UNLIKELY(sm_state == SM_ACTIVE)) atomic_store(&last_sync_ns, vgpu_now_ns()); } while (0)
-#define PACE(s) do { if (VGPU_UNLIKELY(sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s)); } while (0)
-#define CALL_REAL(T, n, ...) ({ __typeof__(T) _f = (T)REAL_PTR(n); _f ? _f(__VA_ARGS__) : CUDA_ERROR_NOT_FOUND; })
-
-typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             CUstream, void **, void **);
-typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, void **);
-typedef CUresult (*coop_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                           CUstream, void **);
-typedef CUresult (*graph_t)(CUgraphExec, CUstream);
-
-VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                    unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    PACE(s);
-    return CALL_REAL(launch_t, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
-}
-VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                         unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
-                                         void **extra) {
-    PACE(s);
-    return CALL_REAL(launch_t, cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
-}
-VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    PACE(c ? c->hStream : NULL);
-    return CALL_REAL(launch_ex_t, cuLaunchKernelEx, c, f, params, extra);
-}
-VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    PACE(c ? c->hStream : NULL);
-    return CALL_REAL(launch_ex_t, cuLaunchKernelEx_ptsz, c, f, params, extra);
-}
-VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
-    PACE(s);
-    return CALL_REAL(coop_t, cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
-}
-VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                                    unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
-                                                    void **params) {
-    PACE(s);
-    return CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
-}
-VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-    PACE(s);
-    CUresult rc = CALL_REAL(graph_t, cuGraphLaunch, g, s);
-    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch(); /* graph memory nodes (pools.c) */
-    return rc;
-}
-VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    PACE(s);
-    CUresult rc = CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
-    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch(); /* graph memory nodes (pools.c) */
-    return rc;
-}
-
-/* Synchronisation entry points: pass-through; with a compute limit active they note when the
- * program last waited for the GPU (see close_slice); stream-ordered pools release memory above
- * their threshold here (pools.c). */
-VGPU_EXPORT CUresult cuCtxSynchronize(void) {
-    CUresult rc = CALL_REAL(CUresult(*)(void), cuCtxSynchronize);
-    SYNCED();
-    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
-    return rc;
-}
-VGPU_EXPORT CUresult cuStreamSynchronize(CUstream s) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize, s);
-    SYNCED();
-    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
-    return rc;
-}
-VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize_ptsz, s);
-    SYNCED();
-    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
-    return rc;
-}
-VGPU_EXPORT CUresult cuEventSynchronize(CUevent e) {
-    CUresult rc = CALL_REAL(CUresult(*)(CUevent), cuEventSynchronize, e);
-    SYNCED();
-    if (rc == CUDA_SUCCESS) vgpu_pools_synced();
-    return rc;
-}
+void vgpu_sm_synced(void) { atomic_store(&last_sync_ns, vgpu_now_ns()); }

@@ -261,10 +261,41 @@ static uint64_t file_bytes(const char *path) {
     buf[n] = 0;
     return image_bytes(buf);
 }
+/* CUDA_MODULE_LOADING=LAZY: a load takes nothing; the module's bytes are taken when the first
+ * function handle is asked for (cuModuleGetFunction, cuLibraryGetKernel, cuLibraryGetModule). */
+typedef struct { uint64_t handle, pending, key; } lazy_t;
+static lazy_t lazies[64];
+static int nlazy;
+static int lazy_mode(void) { const char *s = getenv("CUDA_MODULE_LOADING"); return s && !strcmp(s, "LAZY"); }
+static CUresult materialise(uint64_t h) {
+    NEED_INIT();
+    pthread_mutex_lock(&amu);
+    lazy_t *z = NULL;
+    for (int i = 0; i < nlazy; i++) if (lazies[i].handle == h) z = &lazies[i];
+    uint64_t want = z && !z->key ? z->pending : 0;
+    pthread_mutex_unlock(&amu);
+    if (!want) return CUDA_SUCCESS;
+    uint64_t key;
+    CUresult r = phys_alloc(cur_dev, want, &key);
+    if (r) return r;
+    pthread_mutex_lock(&amu);
+    z->key = key;
+    for (alloc_t *a = allocs; a; a = a->next)
+        if (a->key == key) a->owner = cur_ctx;
+    pthread_mutex_unlock(&amu);
+    return CUDA_SUCCESS;
+}
 static CUresult module_load(uint64_t *handle, uint64_t bytes) {
     NEED_INIT();
     if (bytes == ~0ull) return CUDA_ERROR_FILE_NOT_FOUND;
     if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (bytes && lazy_mode() && nlazy < 64) {
+        *handle = atomic_fetch_add(&next_empty_module, 16);
+        pthread_mutex_lock(&amu);
+        lazies[nlazy++] = (lazy_t){*handle, bytes, 0};
+        pthread_mutex_unlock(&amu);
+        return CUDA_SUCCESS;
+    }
     if (!bytes) { *handle = atomic_fetch_add(&next_empty_module, 16); return CUDA_SUCCESS; }
     CUresult r = phys_alloc(cur_dev, bytes, handle);
     if (r) return r;
@@ -276,7 +307,14 @@ static CUresult module_load(uint64_t *handle, uint64_t bytes) {
 }
 static CUresult module_unload(uint64_t h) {
     NEED_INIT();
-    if (h >= 0x7000000000ull) return CUDA_SUCCESS;
+    if (h >= 0x7000000000ull) {
+        uint64_t key = 0;
+        pthread_mutex_lock(&amu);
+        for (int i = 0; i < nlazy; i++) if (lazies[i].handle == h) { key = lazies[i].key; lazies[i] = lazies[--nlazy]; break; }
+        pthread_mutex_unlock(&amu);
+        if (key) phys_free(key);
+        return CUDA_SUCCESS;
+    }
     return phys_free(h) ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS;
 }
 EXPORT CUresult cuModuleLoad(CUmodule *m, const char *f) { COUNT(); uint64_t h; CUresult r = module_load(&h, file_bytes(f)); if (!r) *m = (CUmodule)(uintptr_t)h; return r; }
@@ -291,6 +329,23 @@ EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *f, CUjit_option 
     COUNT(); uint64_t h; CUresult r = module_load(&h, file_bytes(f)); if (!r) *l = (CUlibrary)(uintptr_t)h; return r;
 }
 EXPORT CUresult cuLibraryUnload(CUlibrary l) { COUNT(); return module_unload((uint64_t)(uintptr_t)l); }
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    COUNT(); CUresult r = materialise((uint64_t)(uintptr_t)m); if (!r) *f = (CUfunction)(uintptr_t)((uint64_t)(uintptr_t)m + 1); return r;
+}
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) {
+    COUNT(); CUresult r = materialise((uint64_t)(uintptr_t)l); if (!r) *k = (CUkernel)(uintptr_t)((uint64_t)(uintptr_t)l + 2); return r;
+}
+EXPORT CUresult cuLibraryGetModule(CUmodule *m, CUlibrary l) {
+    COUNT(); CUresult r = materialise((uint64_t)(uintptr_t)l); if (!r) *m = (CUmodule)(uintptr_t)l; return r;
+}
+EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) { COUNT(); NEED_INIT(); *f = (CUfunction)(uintptr_t)k; return CUDA_SUCCESS; }
+/* External memory: importing takes the descriptor's size of the current device (the memory
+ * another API made lives on the card), until destroyed. */
+EXPORT CUresult cuImportExternalMemory(CUexternalMemory *e, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *d) {
+    COUNT(); NEED_INIT(); if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t key; CUresult r = phys_alloc(cur_dev, d->size, &key); if (!r) *e = (CUexternalMemory)(uintptr_t)key; return r;
+}
+EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory e) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)e) ? CUDA_ERROR_INVALID_HANDLE : CUDA_SUCCESS; }
 
 /* ---- memory pools: handles only (allocations from them are plain allocations here); the
  * device's current pool starts as its default pool 0x9000 + d. */
@@ -524,6 +579,8 @@ static const proc_t procs[] = {
     P(cuCtxDestroy, 2000), P(cuCtxDestroy_v2, 4000), P(cuCtxGetCurrent, 2000),
     P(cuModuleLoad, 2000), P(cuModuleLoadData, 2000), P(cuModuleLoadDataEx, 2010), P(cuModuleLoadFatBinary, 2000),
     P(cuModuleUnload, 2000), P(cuLibraryLoadData, 12000), P(cuLibraryLoadFromFile, 12000), P(cuLibraryUnload, 12000),
+    P(cuModuleGetFunction, 2000), P(cuLibraryGetKernel, 12000), P(cuLibraryGetModule, 12000), P(cuKernelGetFunction, 12000),
+    P(cuImportExternalMemory, 10000), P(cuDestroyExternalMemory, 10000),
     P(cuIpcGetMemHandle, 4010), P(cuIpcOpenMemHandle, 4010), P(cuIpcOpenMemHandle_v2, 11000),
     P(cuIpcCloseMemHandle, 4010), P(cuDeviceGetMemPool, 11020), P(cuDeviceSetMemPool, 11020),
     P(cuMemPoolCreate, 11020), P(cuMemPoolDestroy, 11020), P(cuMemPoolTrimTo, 11020), P(cuMemPoolSetAttribute, 11020),

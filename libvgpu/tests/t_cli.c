@@ -353,6 +353,7 @@ int main(int argc, char **argv) {
             int (*cnt)(const char *) = (int (*)(const char *))dlsym(RTLD_DEFAULT, "fake_count");
             OUT("calls 0 %d", cnt(ARG(1))); i++;
         } else if (!strcmp(op, "waitfile")) {
+            OUT("waiting 0"); /* the test waits for this line, then creates the file */
             struct stat st;
             while (stat(ARG(1), &st) != 0) usleep(200);
             i++;

@@ -53,10 +53,15 @@ class Result:
 def built() -> Path:
     """Builds libvgpu.so, the fakes and t_cli (make -C libvgpu test-bins); returns BUILD."""
     if not shutil.which(os.environ.get("CC", "gcc")) and not shutil.which("cc"):
-        pytest.skip("no C compiler")
-    subprocess.run(
-        ["make", "-s", "-C", str(LIBVGPU), "test-bins"], check=True, capture_output=True, text=True
-    )
+        pytest.skip("libvgpu tests need a C compiler (gcc or cc); none on PATH")
+    if not shutil.which("make"):
+        pytest.skip("libvgpu tests need make; not on PATH")
+    cuda_h = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include" / "cuda.h"
+    if not cuda_h.exists():
+        pytest.skip(f"libvgpu tests need the CUDA driver API header: {cuda_h} not found (set CUDA_HOME)")
+    r = subprocess.run(["make", "-s", "-C", str(LIBVGPU), "test-bins"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"make -C libvgpu test-bins failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return BUILD
 
 

@@ -102,7 +102,12 @@ def test_log_level_zero_silences_errors_too(cli):
     assert r.stderr == ""
 
 
-def test_no_env_no_limit(cli):
-    r = cli.run("init", "alloc", "1000m", "meminfo")
-    assert r.codes("alloc") == [CUDA_SUCCESS]
-    assert r.stderr == ""
+def test_no_env_no_file_no_limit_but_one_loud_line(cli):
+    # Neither the environment nor a config file beside the library: nothing is refused (a
+    # process outside any HAMi container must keep working), and one warning says so.
+    r = cli.run("init", "alloc", "1000m", "alloc", "10m", "meminfo")
+    assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_SUCCESS]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1
+    assert "no CUDA_DEVICE_MEMORY_LIMIT in the environment and no config file at " in lines[0]
+    assert "device memory is NOT limited" in lines[0]

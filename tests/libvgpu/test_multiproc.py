@@ -34,7 +34,8 @@ def test_racers_for_the_last_bytes_cannot_both_pass(cli):
             cli.popen("init", "waitfile", str(go), "alloc", "40m", "sleep", "300", env=LIMIT)
             for _ in range(8)
         ]
-        time.sleep(0.3)
+        for p in procs:  # every racer initialised and parked at the start line
+            wait_line(p, "waiting")
         go.touch()
         results = [parse(p.returncode, *p.communicate(timeout=20)) for p in procs]
         codes = sorted(r.codes("alloc")[0] for r in results)
@@ -46,7 +47,8 @@ def test_many_processes_fill_the_limit_exactly(cli):
     procs = [
         cli.popen("init", "waitfile", str(go), "alloc", "4m", "sleep", "500", env=LIMIT) for _ in range(20)
     ]
-    time.sleep(0.3)
+    for p in procs:
+        wait_line(p, "waiting")
     go.touch()
     results = [parse(p.returncode, *p.communicate(timeout=30)) for p in procs]
     codes = [r.codes("alloc")[0] for r in results]
@@ -88,16 +90,18 @@ def test_sigkill_at_random_instants_leaves_nothing_charged(cli):
     rng = random.Random(7)
     for _ in range(3):
         procs = [cli.popen("init", "loop", "1000000", "1m", env=env) for _ in range(4)]
-        time.sleep(0.15)
+        for p in procs:  # each is in its allocate/free loop
+            wait_line(p, "init")
         for p in procs:
-            time.sleep(rng.uniform(0, 0.05))
+            time.sleep(rng.uniform(0, 0.05))  # a random instant inside the loop, not a synchronisation
             os.kill(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait()
-        time.sleep(0.6)  # past the 500 ms sweep interval
-        r = cli.run("init", "meminfo", "alloc", "8m", env=env, timeout=5)
-        assert r.op(1) == ["meminfo", "0", str(8 * MIB), str(8 * MIB)]
+        # An allocation of the whole limit forces a sweep of dead slots when it does not fit, so
+        # it must succeed at once, however recently the last periodic sweep ran.
+        r = cli.run("init", "alloc", "8m", "meminfo", env=env, timeout=5)
         assert r.codes("alloc") == [CUDA_SUCCESS]
+        assert r.op(2) == ["meminfo", "0", "0", str(8 * MIB)]
     region = read_region(cli.cache)
     assert all(s.pid == 0 and sum(s.used) == 0 for s in region.slots)
 

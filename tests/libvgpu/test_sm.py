@@ -91,7 +91,8 @@ def test_node_agent_block_flag_holds_launches(cli):
     with open(cli.cache, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
         struct.pack_into("<i", m, 44, 1)  # header.blocked
         p = cli.popen("init", "launch", "1", env=env)
-        time.sleep(0.4)
+        assert p.stdout.readline().startswith("init")  # initialised; the launch is next
+        time.sleep(0.4)  # not a synchronisation: how long the launch must stay held
         assert p.poll() is None  # still waiting
         struct.pack_into("<i", m, 44, 0)
         out, err = p.communicate(timeout=5)

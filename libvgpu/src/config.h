@@ -1,0 +1,46 @@
+/*
+ * config.h - the limits contract between the device plugin and libvgpu (config.c).
+ *
+ * Every control variable is read from the environment first (HAMi compatibility), then from
+ * the read-only config file the device plugin mounts next to the library
+ * (<directory of libvgpu.so>/vgpu.config), so a process started with a scrubbed environment
+ * (env -i, sshd, cron, supervisors) stays limited. File format: docs/libvgpu.md.
+ */
+#ifndef VGPU_CONFIG_H
+#define VGPU_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where the file's contents stand (read once per process). */
+enum { VGPU_CONFIG_NONE = 0, VGPU_CONFIG_OK = 1, VGPU_CONFIG_BROKEN = 2 };
+int vgpu_config_state(void);
+const char *vgpu_config_path(void); /* "" when the library's own path is unknown */
+
+/* The value of control variable `name`: the environment's, else the config file's, else NULL. */
+const char *vgpu_getenv(const char *name);
+/* 1 when the environment or the file sets a variable whose name starts with `prefix`. */
+int vgpu_config_has_prefix(const char *prefix);
+/* Test hook and file parser (also used by the fuzz test): parses `text` as a config file.
+ * Returns 0 and fills the table, or -1 with a reason in `why` (the table is then empty). */
+int vgpu_config_parse(const char *text, size_t len, char *why, size_t whylen);
+
+/* Parses a memory size: digits with an optional binary suffix k/m/g/t or Ki/Mi/Gi/Ti.
+ * Returns 0 and the byte count in *out, or -1 when malformed or overflowing. */
+int vgpu_parse_size(const char *s, uint64_t *out);
+/* Parses an SM percentage 0..100 (decimal). Returns 0 or -1. */
+int vgpu_parse_percent(const char *s, uint32_t *out);
+/* Byte limit for the container device index `phys`: VGPU_UNLIMITED, or the limit;
+ * a malformed value (or a broken config file) yields 0 (fail closed) and one error line. */
+uint64_t vgpu_mem_limit_for(int phys);
+/* SM percent for `phys`: 100 = no limit. Malformed (or broken file) -> 1 (fail closed). */
+uint32_t vgpu_sm_limit_for(int phys);
+/* CUDA_DISABLE_CONTROL (vgpu_bool.h's table): 1 when enforcement is off. */
+int vgpu_control_disabled(void);
+enum { SM_POLICY_DEFAULT = 0, SM_POLICY_FORCE = 1, SM_POLICY_DISABLE = 2 };
+int vgpu_sm_policy(void);
+int vgpu_sm_idle_mode(void);
+/* CUDA_TASK_PRIORITY: 0 high, 1 low (default). */
+int vgpu_task_priority(void);
+
+#endif

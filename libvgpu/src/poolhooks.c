@@ -1,0 +1,53 @@
+/*
+ * poolhooks.c - the pool and graph-memory entry points that change what a pool or the graph
+ * pool holds; the model lives in pools.c.
+ */
+#include <cuda.h>
+#undef cuGraphUpload
+#include "config.h"
+#include "pools.h"
+#include "real.h"
+
+VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, size_t), cuMemPoolTrimTo, pool, keep);
+    if (rc == CUDA_SUCCESS && !vgpu_control_disabled()) vgpu_pool_trimmed((uint64_t)(uintptr_t)pool, keep);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *), cuMemPoolSetAttribute, pool,
+                            attr, value);
+    if (rc == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && value && !vgpu_control_disabled())
+        vgpu_pool_set_threshold((uint64_t)(uintptr_t)pool, *(cuuint64_t *)value);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice, CUmemoryPool), cuDeviceSetMemPool, dev, pool);
+    if (rc == CUDA_SUCCESS) vgpu_pool_set_current((int)dev, (uint64_t)(uintptr_t)pool);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool), cuMemPoolDestroy, pool);
+    if (rc == CUDA_SUCCESS && !vgpu_control_disabled()) vgpu_pool_destroyed((uint64_t)(uintptr_t)pool);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload, g, s);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_sample_current();
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload_ptsz, g, s);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_sample_current();
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUdevice), cuDeviceGraphMemTrim, dev);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_sample((int)dev);
+    return rc;
+}

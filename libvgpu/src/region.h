@@ -1,0 +1,35 @@
+/*
+ * region.h - the per-container shared accounting region (region.c; layout in
+ * include/vgpu_region.h): slots, devices, lock-free reservations, reaping of dead processes.
+ */
+#ifndef VGPU_REGION_H_INTERNAL
+#define VGPU_REGION_H_INTERNAL
+
+#include <stdint.h>
+#include "vgpu_region.h"
+
+extern vgpu_region_t *vgpu_region;
+int vgpu_region_ensure(void);          /* 0 ok (shared or private fallback) */
+/* (st_dev, st_ino) of the region file: the same for every process of the container, whatever
+ * path it mapped it by; a random value for a private region. The card region's tenant key. */
+uint64_t vgpu_region_key(void);
+int vgpu_my_slot(void);                /* claims one on first use; -1 on failure */
+int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
+int vgpu_device_find(const char *uuid);
+/* Reserve `bytes` on region device `rdev` for this process. 0 ok, -1 over the limit. */
+int vgpu_reserve(int rdev, uint64_t bytes);
+void vgpu_unreserve(int rdev, uint64_t bytes);
+/* Module memory: like vgpu_reserve (limit checked) but counted in module[], not data[]. */
+int vgpu_reserve_module(int rdev, uint64_t bytes);
+void vgpu_unreserve_module(int rdev, uint64_t bytes);
+/* Bytes this process holds on `rdev` (its own slot's used[]), 0 before it has a slot. */
+uint64_t vgpu_my_usage(int rdev);
+/* Context memory: charged without a limit check (the context exists already), kept apart. */
+void vgpu_charge_context(int rdev, uint64_t bytes);
+void vgpu_uncharge_context(int rdev, uint64_t bytes);
+/* Allocation memory that exists already (graph memory): into data[], without a limit check. */
+void vgpu_charge_data(int rdev, uint64_t bytes);
+uint64_t vgpu_device_usage(int rdev);  /* bytes held by all live processes */
+int vgpu_reap_dead(int force);         /* number of slots reclaimed */
+
+#endif

@@ -1,0 +1,15 @@
+/* smlimit.h - the compute-share limiter (smlimit.c), called by launchhooks.c. */
+#ifndef VGPU_SMLIMIT_H
+#define VGPU_SMLIMIT_H
+
+#include "util.h"
+
+enum { SM_UNKNOWN = 0, SM_NONE = 1, SM_ACTIVE = 2 };
+/* SM_UNKNOWN until the first launch decides; read on every launch (one load). */
+extern int vgpu_sm_state;
+/* Paces a launch on `stream` (may sleep until the device's pause ends). */
+void vgpu_sm_before_launch(void *stream);
+/* The program returned from a synchronisation (only called while the limiter is active). */
+void vgpu_sm_synced(void);
+
+#endif
