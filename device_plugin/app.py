@@ -22,27 +22,39 @@ from device_plugin.devices import DeviceState
 from device_plugin.kubelet import KubeletRegistration
 from device_plugin.metrics import PluginMetrics, metrics_app
 from device_plugin.node_register import INTERVAL_S, NodeRegistrar
-from device_plugin.server import DevicePluginService
+from device_plugin.routes import DevicePluginService
 from hami.config import DeviceConfig
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class PluginOptions:
-    """Everything the CLI collects; see docs/device-plugin.md for the flags and environment variables."""
+    """What the assembly needs (built by `device_plugin.cli` from flags, environment and config; tests
+    build it directly). See docs/device-plugin.md for the flags and environment variables."""
 
     node_name: str
+    """This node's name: its lock is read and its annotations written."""
     config: DeviceConfig = field(default_factory=DeviceConfig)
-    resource_name: str | None = None  # None = nvidia.resourceCountName of the device config
-    scheduler_name: str | None = None  # None = scheduler.schedulerName of the device config
+    """The parsed device-config.yaml (its ``nvidia`` section with the node's override applied)."""
+    resource_name: str | None = None
+    """Resource advertised to kubelet; None = ``nvidia.resourceCountName`` of `config` (nvidia.com/gpu)."""
+    scheduler_name: str | None = None
+    """Only pods of this scheduler are served; None = ``scheduler.schedulerName`` of `config`."""
     socket_dir: str = DEFAULT_SOCKET_DIR
+    """kubelet's device plugin directory (default /var/lib/kubelet/device-plugins/)."""
     hook_path: str = "/usr/local"
+    """HAMi's HOOK_PATH: libvgpu.so and ld.so.preload live in ``<hook_path>/vgpu``."""
     lock_dir: str = "/tmp/vgpulock"
-    metrics_port: int | None = None  # None = no metrics server; 0 = any free port
+    """Host directory mounted at /tmp/vgpulock in containers."""
+    metrics_port: int | None = None
+    """Port of /metrics and /healthz; None = no metrics server, 0 = any free port."""
     metrics_host: str = "0.0.0.0"
+    """Listen address of the metrics server."""
     register_interval_s: float = INTERVAL_S
+    """Seconds between node registration annotation checks (default 30 s)."""
     poll_s: float = 0.25
+    """Seconds between checks of kubelet's socket (re-registration after a kubelet restart)."""
 
 
 class DevicePluginApp:

@@ -1,6 +1,6 @@
 """Why an Allocate cannot be answered, as typed errors; no protocol here.
 
-The allocator raises these; the gRPC service (`device_plugin.server`) alone turns them into status
+The allocator raises these; the gRPC service (`device_plugin.routes`) alone turns them into status
 codes, so the policy that decides never needs to know how kubelet is spoken to.
 """
 

@@ -24,7 +24,7 @@ import grpc
 from device_plugin.api import KUBELET_SOCKET_NAME, VERSION
 from device_plugin.api import api_pb2 as pb
 from device_plugin.api import api_pb2_grpc as rpc
-from device_plugin.server import options
+from device_plugin.routes import options
 from hami.kube.retry import Backoff, retry_call_async
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from device_plugin.backends.fake import parse_cards
 from device_plugin.backends.nvidia import DEFAULT_IGNORED_XIDS, NvidiaBackend, sysfs_bus_id, xid_policy
 from device_plugin.devices import Card, DeviceState, nvidia_type
 from device_plugin.kubelet import socket_name
-from device_plugin.server import list_response, options
+from device_plugin.routes import list_response, options
 from hami.errors import ConfigError
 
 # ----- proto contract (k8s-protocols.md §2.1)
@@ -222,6 +222,7 @@ def test_fake_cards_parse_and_type_rule():
         ({"cards": [{"uuid": "G", "model": "T4", "memory_mib": 1, "mem": 2}]}, r"unknown key\(s\) \['mem'\]"),
         ({"cards": [{"uuid": "G", "model": "T4", "memory_mib": 1}] * 2}, "duplicate uuid"),
     ],
+    ids=["no-cards-list", "no-uuid", "zero-memory", "negative-numa", "unknown-key", "duplicate-uuid"],
 )
 def test_fake_cards_errors_name_the_field(doc, message):
     with pytest.raises(ConfigError, match=message):
@@ -487,6 +488,7 @@ def test_prefer_leaves_unavailable_cards_to_kubelet():
          False),
         ([{"name": "CUDA_DISABLE_CONTROL", "value": " true"}], False),  # Go ParseBool does not trim
     ],
+    ids=["unset", "true", "one", "false", "empty", "value-from", "last-wins-true", "last-wins-false", "untrimmed"],
 )  # fmt: skip
 def test_disable_control_is_read_by_value(env, want):
     from hami.vendors.nvidia import control_disabled
@@ -586,7 +588,7 @@ def test_allocate_status_code_is_chosen_by_the_server(error, code):
     import grpc
 
     from device_plugin.errors import AllocationRefused, ApiUnavailable
-    from device_plugin.server import DevicePluginService
+    from device_plugin.routes import DevicePluginService
 
     raised = {
         "refused": AllocationRefused("lock_missing", "no lock"),

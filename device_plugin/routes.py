@@ -1,4 +1,5 @@
-"""The generic v1beta1 DevicePlugin gRPC service: serves any backend's `DeviceState`.
+"""The device plugin's protocol handlers: the generic v1beta1 DevicePlugin gRPC service, serving any
+backend's `DeviceState`; the gRPC status codes of refused Allocates are chosen here.
 
 It speaks kubelet's protocol and nothing else (k8s-protocols.md §2): full device list on every
 ListAndWatch message, options that match what registration sent, one Allocate response per container
