@@ -42,7 +42,7 @@ def events_for(api: FakeApiServer, name: str) -> list[tuple[str, str, str]]:
     ]
 
 
-@pytest.mark.parametrize("cache_capable", [True, False])
+@pytest.mark.parametrize("cache_capable", [True, False], ids=["node-names", "node-objects"])
 async def test_pod_goes_from_unscheduled_to_bound_with_hami_annotations(
     fake_apiserver: FakeApiServer,
     extender,

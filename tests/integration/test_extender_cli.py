@@ -106,7 +106,7 @@ def test_bad_config_refuses_to_start(fake_apiserver: FakeApiServer, tmp_path: Pa
 
 
 @pytest.mark.parametrize(("level", "sends", "warnings_only"), [("all", True, False), ("failures", True, True),
-                                                                ("none", False, False)])  # fmt: skip
+                                                                ("none", False, False)], ids=["all", "failures", "none"])  # fmt: skip
 def test_events_flag_reaches_the_event_sink(
     fake_apiserver: FakeApiServer, level: str, sends: bool, warnings_only: bool
 ) -> None:

@@ -196,6 +196,7 @@ async def test_filter_patch_timeout_is_retried(fake_apiserver, extender, session
             "error occurred: injected fault",
         ),
     ],
+    ids=["binding-500", "node-lock-patch-500"],
 )
 async def test_bind_api_failures_release_the_lock_and_keep_the_reservation(
     fake_apiserver,

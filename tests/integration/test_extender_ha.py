@@ -111,7 +111,7 @@ def lease_time(api: FakeApiServer, field: str) -> float:
     return datetime.fromisoformat(lease["spec"][field]).timestamp()
 
 
-@pytest.mark.parametrize("graceful", [True, False])
+@pytest.mark.parametrize("graceful", [True, False], ids=["graceful-release", "crash"])
 async def test_leader_failover(fake_apiserver, session, graceful: bool) -> None:
     api = fake_apiserver
     for i in range(2):

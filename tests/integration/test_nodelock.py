@@ -123,6 +123,15 @@ def test_legacy_time_only_lock(fake_apiserver: FakeApiServer, kube_client: KubeC
         (make_pod("owner", "ml", node_name="n2"), "bound to another node"),
         (make_pod("owner", "ml", annotations={"hami.io/vgpu-node": "n2"}), "re-filtered to another node"),
     ],
+    ids=[
+        "owner-gone",
+        "owner-succeeded",
+        "owner-failed",
+        "owner-allocated",
+        "owner-allocate-failed",
+        "owner-bound-elsewhere",
+        "owner-refiltered-elsewhere",
+    ],
 )
 def test_dangling_owner_is_taken_over_at_once(
     fake_apiserver: FakeApiServer, kube_client: KubeClient, owner: dict | None, why: str

@@ -317,6 +317,7 @@ def test_X15_uuid_pin_is_honoured_and_a_misspelled_policy_is_reported():
          "hami.io/node-dcu-register: device 0: 6 fields, want 7 (id,count,devmem,devcore,type,numa,health) "
          "or 9 (+index,mode)"),
     ],
+    ids=["nvidia-devmem-string", "nvidia-no-id", "dcu-six-fields"],
 )  # fmt: skip
 def test_X17_malformed_registration_marks_the_node_unusable_without_crashing(annotations, reason):
     cs = ClusterState()
@@ -464,6 +465,7 @@ def test_finished_init_container_is_released_while_a_native_sidecar_runs():
         ({"nodeconfig": [{"name": "a", "devicecorescaling": -2}]},
          "nodeconfig[a].devicecorescaling: -2.0 is invalid; valid: a number > 0"),
     ],
+    ids=["hygon-memory-factor-0", "node-memory-scaling-negative", "node-core-scaling-negative"],
 )  # fmt: skip
 def test_config_rejects_factors_that_would_zero_or_negate_capacity(data, message):
     from hami.config import load_config

@@ -58,6 +58,7 @@ def test_config_per_node_overrides(tmp_path):
         (dict(gpu=1, pct=0), ContainerRequest("NVIDIA", 1, 0, 100, 0)),  # zero percentage = whole card
         (dict(gpu=1, mem="16Gi"), ContainerRequest("NVIDIA", 1, 16384, PERCENTAGE_UNSET, 0)),
     ],
+    ids=["mem-and-cores", "percentage", "gpu-only", "zero-percentage", "mem-quantity"],
 )
 def test_nvidia_container_request(limits, expected):
     assert NV.container_request(ctr(**limits)) == expected

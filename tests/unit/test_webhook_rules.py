@@ -128,6 +128,7 @@ def test_dry_run_gets_the_same_answer() -> None:
         ({"spec": {"containers": {"a": 1}}}, "spec.containers must be a list of containers"),
         ({"spec": {"containers": ["x"]}}, "spec.containers[0] must be an object (a container)"),
     ],
+    ids=["metadata-list", "spec-str", "containers-mapping", "container-str"],
 )
 def test_malformed_pods_are_400_denials(pod: dict, message: str) -> None:
     _, reply, _ = review_body(Mutator(list(build_vendors().values())), _review(pod))
@@ -191,6 +192,7 @@ def _answer(pod: dict) -> dict:
         ({"name": "main", "env": "A=1"}, "spec.containers[0].env must be a list of {name, value} objects"),
         ({"name": "main", "securityContext": True}, "spec.containers[0].securityContext must be an object, got bool"),
     ],
+    ids=["resources-str", "limits-list", "requests-str", "env-item-int", "env-str", "security-context-bool"],
 )  # fmt: skip
 def test_malformed_container_members_are_a_400_denial_naming_the_field(container: dict, message: str) -> None:
     # QA regression: these reached the vendor hook and came back as "internal error" (code 500).
