@@ -125,12 +125,21 @@ def test_quota_counts_per_card():
 
 
 def test_per_node_split_override_is_the_plugins_business_but_config_applies():
-    cfg = load_config({"scheduler": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "binpack"}})
+    cfg = load_config(
+        {
+            "scheduler": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "binpack"},
+            "nodeconfig": [{"name": "a", "devicesplitcount": 1}],
+        }
+    )
+    assert cfg.nvidia_for_node("a").deviceSplitCount == 1
     cs = ClusterState(cfg)
-    cs.upsert_node(node("a", cards("a", 2)))
+    # The device plugin applies the override when it registers; this registration says 10 slots a card.
+    cs.upsert_node(node("a", cards("a", 2, count=10)))
     cs.filter(pod(ctr(gpu=1, mem=1000, cores=10)), ["a"])
     out = cs.filter(pod(ctr(gpu=1, mem=1000, cores=10)), ["a"])
-    assert [c[0].uuid for c in out.devices["NVIDIA"]] == ["GPU-a-0"]  # card binpack
+    # Card binpack from the config, and a second slot on GPU-a-0 that a split count of 1 would not give.
+    assert [c[0].uuid for c in out.devices["NVIDIA"]] == ["GPU-a-0"]
+    assert cs.usage_snapshot() == {"a": {"GPU-a-0": (2, 2000, 20)}}
 
 
 def test_init_done_releases_init_usage():

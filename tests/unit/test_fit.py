@@ -56,6 +56,7 @@ def test_failure_text_counts_per_card_reasons_sorted():
         (dict(usage={"GPU-n-0": DeviceUsage(1, 0, 0)}, request=req(mem=10, cores=100)), Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT),
         (dict(request=req(nums=2)), Reason.NODE_INSUFFICIENT_DEVICE),
     ],
+    ids=["unhealthy", "cordoned", "use-type", "nouse-type", "mig-mode", "use-uuid", "nouse-uuid", "slices-exhausted", "mutex-busy", "memory", "core", "compute-units", "exclusive-busy", "too-few-cards"],
 )  # fmt: skip
 def test_every_card_reason(setup, reason):
     devices = setup.pop("devices", cards("n", 1))
@@ -183,9 +184,16 @@ def test_topology_aware_picks_best_connected_pair():
     topo = PolicyChoice(NodePolicy.BINPACK, (CardPolicy.TOPOLOGY_AWARE,))
     f = fit(one(req(nums=2, mem=1000)), devs, policy=topo, pair_scores=scores)
     assert {d.uuid for d in f.devices["NVIDIA"][0]} == {"GPU-n-1", "GPU-n-2"}
-    # One card: keep the well-connected ones free.
+    # One card: keep the well-connected ones free. GPU-n-0 and GPU-n-3 tie (30 each); the tie goes to
+    # the card the card order prefers: the lower index on idle cards ...
     f = fit(one(req(nums=1, mem=1000)), devs, policy=topo, pair_scores=scores)
-    assert f.devices["NVIDIA"][0][0].uuid in {"GPU-n-0", "GPU-n-3"}
+    assert f.devices["NVIDIA"][0][0].uuid == "GPU-n-0"
+    # ... and, in a chain, the card the utilisation policy prefers once GPU-n-0 is busier.
+    usage = {"GPU-n-0": DeviceUsage(1, 1000, 10)}
+    for first, winner in ((CardPolicy.SPREAD, "GPU-n-3"), (CardPolicy.BINPACK, "GPU-n-0")):
+        chain = PolicyChoice(NodePolicy.BINPACK, (first, CardPolicy.TOPOLOGY_AWARE))
+        f = fit(one(req(nums=1, mem=1000)), devs, usage, policy=chain, pair_scores=scores)
+        assert f.devices["NVIDIA"][0][0].uuid == winner, first
 
 
 def test_cordon_annotation_and_use_gputype_through_cluster_state():

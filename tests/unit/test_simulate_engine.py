@@ -239,7 +239,9 @@ def test_trace_mode_needs_creation_times():
 
 @pytest.mark.parametrize("mode", [Mode.FILL, Mode.TRACE])
 @pytest.mark.parametrize(
-    "policy", [BINPACK, SPREAD, Policy("binpack", "numa,binpack"), Policy("spread", "mutex")]
+    "policy",
+    [BINPACK, SPREAD, Policy("binpack", "numa,binpack"), Policy("spread", "mutex")],
+    ids=["binpack", "spread", "numa-binpack", "spread-mutex"],
 )
 def test_generated_replay_never_overcommits_and_matches_the_core_view(mode, policy):
     w = generate_default(config=CFG, seed=2, nodes=24, pods=400)
@@ -274,11 +276,19 @@ def test_generated_replay_never_overcommits_and_matches_the_core_view(mode, poli
 
 def test_compare_yields_different_packing_on_the_same_stream():
     w = generate_default(config=CFG, seed=0, nodes=30, pods=500)
-    rb = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=130)
-    rs = run(w, config=CFG, policy=SPREAD, mode=Mode.FILL, arrival=130)
+    rb = run(w, config=CFG, policy=BINPACK, mode=Mode.FILL, arrival=130, placements=True)
+    rs = run(w, config=CFG, policy=SPREAD, mode=Mode.FILL, arrival=130, placements=True)
     assert rb.pods == rs.pods and rb.gpu_pods == rs.gpu_pods
     assert rb.arrived_gpu_demand == rs.arrived_gpu_demand >= 130
     assert rb.first_failure_arrival is not None and rs.first_failure_arrival is not None
+    # The same pods, in the same order, packed differently: binpack fills few nodes, spread many.
+    assert [p.pod for p in rb.placements] == [p.pod for p in rs.placements]
+    node_of = [{p.pod: p.node for p in r.placements if p.card_uuid} for r in (rb, rs)]
+    assert node_of[0] != node_of[1]
+    early = [list(dict.fromkeys(p.pod for p in r.placements if p.card_uuid))[:20] for r in (rb, rs)]
+    assert early[0] == early[1]
+    spread_nodes = [len({node_of[k][pod] for pod in early[k]}) for k in (0, 1)]
+    assert spread_nodes[0] < spread_nodes[1], spread_nodes
 
 
 def test_parse_policy():
