@@ -173,53 +173,59 @@ def test_yaml_input(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (
-            ["--policy", "fastest"],
-            "hami: error: --policy: 'fastest' is not a policy; valid: binpack, spread, numa",
-        ),
-        (["--policy", ""], "hami: error: --policy: empty value; e.g. --policy binpack\n"),
-        (
-            ["--node-policy", "numa"],
-            "hami: error: --node-policy: 'numa' is not a node policy; valid: binpack, spread\n",
-        ),
-        (
-            ["--card-policy", "fast"],
-            "hami: error: --card-policy: 'fast' is not a card policy; valid: binpack, spread, numa, mutex, "
-            "topology-aware or a comma chain of them such as numa,binpack\n",
-        ),
-        (["--compare", "binpack,fast"], "hami: error: --compare: 'fast' is not a policy; valid:"),
-        (
-            ["--compare", "binpack", "--policy", "spread"],
-            "hami: error: --compare: give the policies in the list, not also --policy\n",
-        ),
-        *(
+        pytest.param(args, message, id=" ".join(args))
+        for args, message in (
             (
-                ["--arrival", bad],
-                f"hami: error: --arrival: {shown} is not a valid fill target; valid: a percent of the "
-                "cluster's GPU capacity above 0 and at most 1000 (e.g. 130)\n",
-            )
-            # inf never ended; 1e9 would run for days.
-            for bad, shown in (("0", "0"), ("-5", "-5"), ("nan", "nan"), ("inf", "inf"), ("1e9", "1e+09"))
-        ),
-        (
-            ["--mode", "trace", "--arrival", "50"],
-            "hami: error: --arrival: only for --mode fill; a trace replays every arrival and deletion at "
-            "its own time\n",
-        ),
-        (["--generate", "1000000,5"], "hami: error: --generate: '1000000,5' must be NODES,PODS with NODES"),
-        (["--nodes", ""], "hami: error: --nodes: empty file name\n"),
-        (["--mode", "replay"], "hami simulate: argument --mode: invalid choice: 'replay'"),
-        (["--seed", "x"], "hami simulate: argument --seed: invalid int value: 'x'"),
-        (
-            ["--nodes", "/nonexistent/n.csv"],
-            "hami: error: /nonexistent/n.csv: cannot read: No such file or directory",
-        ),
-        (["--gpu-models", "T4"], "hami: error: --gpu-models: 'T4' must be MODEL=MiB"),
-        (["--generate", "0,5"], "hami: error: --generate: '0,5' must be NODES,PODS"),
-        (
-            ["--placements", "/nonexistent/dir/p.csv"],
-            "hami: error: --placements: directory /nonexistent/dir does not exist",
-        ),
+                ["--policy", "fastest"],
+                "hami: error: --policy: 'fastest' is not a policy; valid: binpack, spread, numa",
+            ),
+            (["--policy", ""], "hami: error: --policy: empty value; e.g. --policy binpack\n"),
+            (
+                ["--node-policy", "numa"],
+                "hami: error: --node-policy: 'numa' is not a node policy; valid: binpack, spread\n",
+            ),
+            (
+                ["--card-policy", "fast"],
+                "hami: error: --card-policy: 'fast' is not a card policy; valid: binpack, spread, numa, mutex, "
+                "topology-aware or a comma chain of them such as numa,binpack\n",
+            ),
+            (["--compare", "binpack,fast"], "hami: error: --compare: 'fast' is not a policy; valid:"),
+            (
+                ["--compare", "binpack", "--policy", "spread"],
+                "hami: error: --compare: give the policies in the list, not also --policy\n",
+            ),
+            *(
+                (
+                    ["--arrival", bad],
+                    f"hami: error: --arrival: {shown} is not a valid fill target; valid: a percent of the "
+                    "cluster's GPU capacity above 0 and at most 1000 (e.g. 130)\n",
+                )
+                # inf never ended; 1e9 would run for days.
+                for bad, shown in (("0", "0"), ("-5", "-5"), ("nan", "nan"), ("inf", "inf"), ("1e9", "1e+09"))
+            ),
+            (
+                ["--mode", "trace", "--arrival", "50"],
+                "hami: error: --arrival: only for --mode fill; a trace replays every arrival and deletion at "
+                "its own time\n",
+            ),
+            (
+                ["--generate", "1000000,5"],
+                "hami: error: --generate: '1000000,5' must be NODES,PODS with NODES",
+            ),
+            (["--nodes", ""], "hami: error: --nodes: empty file name\n"),
+            (["--mode", "replay"], "hami simulate: argument --mode: invalid choice: 'replay'"),
+            (["--seed", "x"], "hami simulate: argument --seed: invalid int value: 'x'"),
+            (
+                ["--nodes", "/nonexistent/n.csv"],
+                "hami: error: /nonexistent/n.csv: cannot read: No such file or directory",
+            ),
+            (["--gpu-models", "T4"], "hami: error: --gpu-models: 'T4' must be MODEL=MiB"),
+            (["--generate", "0,5"], "hami: error: --generate: '0,5' must be NODES,PODS"),
+            (
+                ["--placements", "/nonexistent/dir/p.csv"],
+                "hami: error: --placements: directory /nonexistent/dir does not exist",
+            ),
+        )
     ],
 )
 def test_errors_are_one_line_and_exit_2(args, message, capsys):
