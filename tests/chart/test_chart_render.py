@@ -314,7 +314,9 @@ def test_device_plugin_daemonset() -> None:
     ds = rendered("defaults").one("DaemonSet", "hami-device-plugin")
     spec = pod_spec(ds)
     assert spec["nodeSelector"] == {"gpu": "on"}
-    assert spec["hostPID"] is False
+    assert spec["hostPID"] is True, "the monitor reads the host's /proc"
+    no_monitor = pod_spec(render({"devicePlugin": {"monitor": {"enabled": False}}}).one("DaemonSet", "hami-device-plugin"))
+    assert no_monitor["hostPID"] is False and len(no_monitor["containers"]) == 1
     names = [c["name"] for c in spec["containers"]]
     assert names == ["hami-device-plugin", "hami-vgpu-monitor"]
     dp = spec["containers"][0]
