@@ -51,6 +51,12 @@ def test_the_alias_contract_names_every_product_module_of_hami() -> None:
     assert sorted(modules - listed) == []
 
 
+def test_the_architecture_page_lists_every_contract() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    ids = [c["id"] for c in api.read_configuration(str(CONFIG))["contracts_options"]]
+    assert [i for i in ids if f"| {i} |" not in page] == []
+
+
 def runtime_imports() -> dict[str, list[str]]:
     """module -> the modules of ours it imports. Imports under ``if TYPE_CHECKING:`` are left out: they
     never run, so they cannot make an import cycle; every other import (function-level ones too) counts."""
