@@ -8,6 +8,7 @@ line and column); `hami.cli` turns it into one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -249,6 +250,11 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if not path.resolve().parent.is_dir():
             raise InvalidRequest(f"{flag}: directory {path.resolve().parent} does not exist")
     if args.report is not None:
+        if importlib.util.find_spec("matplotlib") is None:
+            raise InvalidRequest(
+                "--report writes PNG plots with matplotlib, which is not installed; install the simulate "
+                "extra: pip install -e '.[simulate]' (or pip install matplotlib)"
+            )
         path = Path(args.report)
         if not args.report or (path.exists() and not path.is_dir()):
             raise InvalidRequest(
