@@ -195,10 +195,11 @@ class ClusterSync:
     def _apply_node(self, node: dict[str, Any], reason: str | None = None, *, judged: bool = False) -> None:
         # Called with self._lock held. `reason`: a liveness verdict already computed (`judged`).
         name = (node.get("metadata") or {}).get("name", "")
-        if not judged:
+        if not judged and self.register_interval_s > 0:
             reason = check_node(
                 node, self.state.vendors.values(), now=self.clock(), timeout_s=self.handshake_timeout_s
             ).reason
+        # With --register-interval 0 node liveness is off: no verdict from the handshake (`reason` None).
         self._health[name] = reason
         if self.state.upsert_node(node) is not None:
             return  # unregistered or malformed: upsert_node already says why

@@ -23,7 +23,8 @@ async def test_handshakes_and_malformed_registrations(fake_apiserver: FakeApiSer
     broken = gpu_node("broken", cards("b", 2))
     broken["metadata"]["annotations"][A.NVIDIA_REGISTER] = '[{"id": "GPU-x", "devmem": "lots"}]'
     api.store.create("nodes", broken)
-    server = await start_extender(api)
+    # Liveness on (a non-zero interval), but no periodic pass within the test: it calls the pass itself.
+    server = await start_extender(api, "--register-interval", "1h")
     try:
         await wait_ready(server)
         sched = Scheduler(session, server.url)
@@ -53,5 +54,26 @@ async def test_handshakes_and_malformed_registrations(fake_apiserver: FakeApiSer
         await eventually(lambda: server.state.node_unusable_reason("dead") is None, what="dead node back")
         again = await sched.filter(create_pod(api, gpu_pod("q", mem=1000, cores=10)), ["dead"])
         assert again["NodeNames"] == ["dead"]
+    finally:
+        await server.stop()
+
+
+async def test_register_interval_zero_turns_node_liveness_off(fake_apiserver: FakeApiServer, session) -> None:
+    # `--register-interval 0` (the harness's setting): no liveness verdicts and no stamps, so a node whose
+    # handshake went unanswered and that advertises no nvidia.com/gpu is still a candidate.
+    api = fake_apiserver
+    dead = gpu_node("dead", cards("d"), extra={A.NVIDIA_HANDSHAKE: "Requesting_2024-01-01 00:00:00"})
+    del dead["status"]["allocatable"]["nvidia.com/gpu"]
+    api.store.create("nodes", dead)
+    server = await start_extender(api, "--register-interval", "0")
+    try:
+        await wait_ready(server)
+        assert server.state.node_unusable_reason("dead") is None
+        result = await Scheduler(session, server.url).filter(
+            create_pod(api, gpu_pod("p", mem=1000)), ["dead"]
+        )
+        assert result["NodeNames"] == ["dead"], result
+        stored = api.store.get("nodes", "dead")["metadata"]["annotations"]
+        assert stored[A.NVIDIA_HANDSHAKE] == "Requesting_2024-01-01 00:00:00"
     finally:
         await server.stop()
