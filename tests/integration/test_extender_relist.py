@@ -75,6 +75,49 @@ async def test_relist_during_a_pending_placement_write_keeps_the_reservation(
     assert result["NodeNames"] == []
     assert result["FailedNodes"] == {"node1": "1/1 CardInsufficientMemory"}
 
-    await eventually(lambda: placed(api, "first"), timeout_s=WRITE_DELAY_S + 5, what="first placement written")
+    await eventually(
+        lambda: placed(api, "first"), timeout_s=WRITE_DELAY_S + 5, what="first placement written"
+    )
     assert await sched.bind(first, "node1") == {"Error": ""}
     assert async_extender.state.usage_snapshot()["node1"] == {"GPU-n1-0": (1, 30000, 10)}
+
+
+@pytest.fixture
+async def two_card_extender(fake_apiserver: FakeApiServer):
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 2)))
+    server = await start_extender(fake_apiserver, "--async-record")
+    await wait_ready(server)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def test_relist_showing_an_older_placement_keeps_the_newer_reservation(
+    fake_apiserver, two_card_extender, session
+) -> None:
+    api, ext = fake_apiserver, two_card_extender
+    sched, sync = Scheduler(session, ext.url), ext.runtime.sync
+    pod = create_pod(api, gpu_pod("moving", mem=30000, cores=10))
+    assert (await sched.filter(pod, ["node1"]))["NodeNames"] == ["node1"]
+    await eventually(lambda: placed(api, "moving") and len(ext.inflight) == 0, what="first placement seen")
+    card_x = api.store.get("pods", "moving", namespace="default")["metadata"]["annotations"][
+        A.NVIDIA_ALLOCATED
+    ]
+    card_x = card_x.split(",")[0]
+    card_y = {"GPU-n1-0": "GPU-n1-1", "GPU-n1-1": "GPU-n1-0"}[card_x]
+    # kube-scheduler filters the pod again (say its bind failed), now excluding card X; the write of
+    # the new placement is held back, so the relist still lists the pod with card X.
+    api.faults.add(verb="patch", resource="pods", name="moving", status=None, delay_s=WRITE_DELAY_S, times=1)
+    retry = dict(pod, metadata={**pod["metadata"], "annotations": {"nvidia.com/nouse-gpuuuid": card_x}})
+    assert (await sched.filter(retry, ["node1"]))["NodeNames"] == ["node1"]
+    assert ext.state.usage_snapshot()["node1"] == {card_y: (1, 30000, 10)}
+    rebuilds = sync.rebuilds
+    sync.pods.resync()
+    await eventually(lambda: sync.rebuilds > rebuilds, what="state rebuilt from the relist")
+    listed = sync.pods.get("moving", "default")["metadata"]["annotations"][A.NVIDIA_ALLOCATED]
+    assert listed.startswith(card_x + ","), "the new placement landed before the relist: window missed"
+    # Counted from the listed pod it would sit on X again, leaving Y free for another pod.
+    assert ext.state.usage_snapshot()["node1"] == {card_y: (1, 30000, 10)}
+    await eventually(lambda: len(ext.inflight) == 0, timeout_s=WRITE_DELAY_S + 5, what="new placement seen")
+    assert ext.state.usage_snapshot()["node1"] == {card_y: (1, 30000, 10)}
