@@ -17,6 +17,8 @@ from hami import __version__
 from hami.errors import HamiError, InvalidRequest
 
 EXIT_USAGE = 2
+#: Modules of the `simulate` extra (setup.cfg).
+SIMULATE_EXTRA = ("numpy", "matplotlib")
 
 
 def _one_line(text: object) -> str:
@@ -82,6 +84,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hami: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, never a traceback
+        if isinstance(e, ModuleNotFoundError) and e.name in SIMULATE_EXTRA:
+            # The simulator's libraries are an extra (servers do not carry them): say how to get them.
+            print(
+                f"hami: error: hami simulate needs {e.name}, which is not installed; install the simulate "
+                "extra: pip install -e '.[simulate]'",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
         if os.environ.get("HAMI_DEBUG"):
             traceback.print_exc()
         print(

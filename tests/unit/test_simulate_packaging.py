@@ -65,3 +65,15 @@ def test_a_report_without_matplotlib_is_one_clear_line_before_the_replay(tmp_pat
         "install the simulate extra: pip install -e '.[simulate]' (or pip install matplotlib)\n"
     )
     assert not (tmp_path / "r").exists()
+
+
+def test_simulate_without_numpy_is_one_clear_line(tmp_path):
+    code = "import sys; sys.modules['numpy'] = None; from hami.cli import main; sys.exit(main(['simulate']))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "hami: error: hami simulate needs numpy, which is not installed; install the simulate extra: "
+        "pip install -e '.[simulate]'\n"
+    )
