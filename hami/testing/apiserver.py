@@ -27,4 +27,9 @@ __all__ = [
 ]
 
 if __name__ == "__main__":
+    import sys
+
+    print(
+        "python -m hami.testing.apiserver is deprecated; use python -m kubefakes.apiserver", file=sys.stderr
+    )
     raise SystemExit(main())
