@@ -67,7 +67,11 @@ def boolean(value: str) -> bool:
 
     Raises InvalidRequest naming the valid values.
     """
-    return parse_bool(str(value), field="value")
+    try:
+        return parse_bool(str(value), field="value")
+    except InvalidRequest as e:
+        # parse_bool's message starts with the field; the caller names the flag and the variable.
+        raise InvalidRequest(str(e).split(": ", 1)[1]) from None
 
 
 def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:
@@ -115,7 +119,7 @@ def _from_text(action: argparse.Action, raw: str, source: str) -> Any:
     flag = "argument " + "/".join(action.option_strings)
     try:
         if action.nargs == 0:  # store_true / store_const: a switch; the variable names the dest
-            on = parse_bool(raw, field=source)
+            on = boolean(raw)
             if isinstance(action.const, bool):
                 return on
             return action.const if on else _default(action)

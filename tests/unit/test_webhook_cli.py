@@ -59,7 +59,7 @@ def test_flag_beats_environment_beats_config_beats_default(tmp_path: Path) -> No
     [
         ([], {}, "the following arguments are required: --tls-cert-file, --tls-private-key-file"),
         (CERTS, {"HAMI_WEBHOOK_PORT": "x"}, "argument --port: invalid int value: 'x' (from environment variable HAMI_WEBHOOK_PORT)"),
-        (CERTS, {"HAMI_WEBHOOK_IN_CLUSTER": "sure"}, "HAMI_WEBHOOK_IN_CLUSTER: 'sure' is not a boolean"),
+        (CERTS, {"HAMI_WEBHOOK_IN_CLUSTER": "sure"}, "argument --in-cluster: 'sure' is not a boolean; valid: 1, t, true"),
         (CERTS, {"HAMI_WEBHOOK_LOG_LEVEL": "LOUD"}, "argument --log-level: invalid choice: 'LOUD'"),
     ],
     ids=["certs-missing", "bad-port", "bad-boolean", "bad-choice"],
