@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from hami import annotations as A
-from hami.testing.apiserver import FakeApiServer
+from kubefakes.apiserver import FakeApiServer
 from tests.integration.extender_harness import (
     Scheduler,
     cards,
