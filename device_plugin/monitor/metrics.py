@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from device_plugin.monitor.regions import REASONS
@@ -43,57 +43,57 @@ SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 
 
 @dataclass(frozen=True)
-class _Family:
+class _Spec:
     name: str
     help: str
     value: Callable[[DeviceSample], float | None]
 
 
 CONTAINER_FAMILIES = (
-    _Family(
+    _Spec(
         "hami_vgpu_memory_used_bytes", "vGPU device memory used by a container, bytes", lambda d: d.used_bytes
     ),
-    _Family(
+    _Spec(
         "hami_vgpu_memory_limit_bytes",
         "vGPU device memory limit of a container, bytes",
         lambda d: d.limit_bytes,
     ),
-    _Family(
+    _Spec(
         "hami_container_device_memory_bytes",
         "Device memory used by a container, bytes",
         lambda d: d.used_bytes,
     ),
-    _Family(
+    _Spec(
         "hami_container_device_utilization_ratio",
         "SM utilisation of a container on a device, percent (0-100)",
         lambda d: d.utilization_percent,
     ),
-    _Family(
+    _Spec(
         "hami_container_last_kernel_elapsed_seconds",
         "Seconds since the container's last measured kernel on a device",
         lambda d: d.last_kernel_elapsed_s,
     ),
-    _Family(
+    _Spec(
         "hami_vgpu_memory_context_bytes", "Device memory held by contexts, bytes", lambda d: d.context_bytes
     ),
-    _Family(
+    _Spec(
         "hami_vgpu_memory_module_bytes",
         "Device memory held by module images, bytes",
         lambda d: d.module_bytes,
     ),
-    _Family(
+    _Spec(
         "hami_vgpu_memory_buffer_bytes", "Device memory held by allocations, bytes", lambda d: d.buffer_bytes
     ),
 )
 LEGACY_CONTAINER_FAMILIES = (
-    _Family("vGPU_device_memory_usage_in_bytes", "vGPU device usage", lambda d: d.used_bytes),
-    _Family("vGPU_device_memory_limit_in_bytes", "vGPU device limit", lambda d: d.limit_bytes),
-    _Family(
+    _Spec("vGPU_device_memory_usage_in_bytes", "vGPU device usage", lambda d: d.used_bytes),
+    _Spec("vGPU_device_memory_limit_in_bytes", "vGPU device limit", lambda d: d.limit_bytes),
+    _Spec(
         "Device_utilization_desc_of_container",
         "Container device utilization",
         lambda d: d.utilization_percent,
     ),
-    _Family(
+    _Spec(
         "Device_last_kernel_of_container",
         "Container device last kernel time",
         lambda d: d.last_kernel_elapsed_s,
@@ -105,66 +105,81 @@ def _num(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def snapshot_families(snap: Snapshot, *, node: str, legacy: bool = False) -> list[GaugeMetricFamily]:
-    """The per-container and per-card families of `snap` (see module docstring)."""
-    fams = [GaugeMetricFamily(f.name, f.help, labels=CONTAINER_LABELS) for f in CONTAINER_FAMILIES]
-    old = [
-        GaugeMetricFamily(f.name, f.help, labels=LEGACY_CONTAINER_LABELS) for f in LEGACY_CONTAINER_FAMILIES
-    ]
-    mem_desc = GaugeMetricFamily(
-        "Device_memory_desc_of_container",
-        "Container device memory description",
-        labels=LEGACY_MEMORY_DESC_LABELS,
-    )
+def _esc(value: str) -> str:
+    # The text format's label value escapes: backslash, double quote, line feed.
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(names: tuple[str, ...], values: list[str]) -> str:
+    return "{" + ",".join(f'{n}="{_esc(v)}"' for n, v in zip(names, values, strict=True)) + "}"
+
+
+class _Family:
+    """One gauge family being rendered: header lines, then ``name{labels} value`` lines."""
+
+    __slots__ = ("name", "lines")
+
+    def __init__(self, name: str, help_: str) -> None:
+        self.name = name
+        self.lines = [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+
+    def add(self, labels: str, value: float) -> None:
+        self.lines.append(f"{self.name}{labels} {_num(value)}")
+
+
+def render_snapshot(snap: Snapshot, *, node: str, legacy: bool = False) -> bytes:
+    """Exposition text (Prometheus text format 0.0.4) of the per-container and per-card families.
+
+    Written directly rather than through prometheus_client's collectors: with 1000 containers this is
+    8000 samples per scan, and building each label string once per device (not once per family) makes
+    the render about ten times cheaper. The families and their label sets are the module's tables.
+    """
+    fams = [_Family(f.name, f.help) for f in CONTAINER_FAMILIES]
+    old = [_Family(f.name, f.help) for f in LEGACY_CONTAINER_FAMILIES]
+    mem_desc = _Family("Device_memory_desc_of_container", "Container device memory description")
     for c in snap.containers:
         for d in c.devices:
             idx = str(d.index)
-            labels = [c.pod.namespace, c.pod.name, c.container, idx, d.uuid, ZONE]
+            labels = _labels(CONTAINER_LABELS, [c.pod.namespace, c.pod.name, c.container, idx, d.uuid, ZONE])
             for spec, fam in zip(CONTAINER_FAMILIES, fams, strict=True):
                 v = spec.value(d)
                 if v is not None:
-                    fam.add_metric(labels, v)
+                    fam.add(labels, v)
             if legacy:
-                old_labels = [c.pod.namespace, c.pod.name, c.container, idx, d.uuid]
+                old_values = [c.pod.namespace, c.pod.name, c.container, idx, d.uuid]
+                old_labels = _labels(LEGACY_CONTAINER_LABELS, old_values)
                 for spec, fam in zip(LEGACY_CONTAINER_FAMILIES, old, strict=True):
                     v = spec.value(d)
                     if v is not None:
-                        fam.add_metric(old_labels, v)
-                mem_desc.add_metric(
-                    [*old_labels, _num(d.context_bytes), _num(d.module_bytes), _num(d.buffer_bytes), "0"],
-                    d.used_bytes,
-                )
+                        fam.add(old_labels, v)
+                desc = [*old_values, _num(d.context_bytes), _num(d.module_bytes), _num(d.buffer_bytes), "0"]
+                mem_desc.add(_labels(LEGACY_MEMORY_DESC_LABELS, desc), d.used_bytes)
 
-    host_mem = GaugeMetricFamily(
-        "hami_host_gpu_memory_used_bytes", "GPU device memory used on the host, bytes", labels=HOST_LABELS
-    )
-    host_util = GaugeMetricFamily(
-        "hami_host_gpu_utilization_ratio", "GPU utilisation on the host, percent (0-100)", labels=HOST_LABELS
-    )
-    host_memctl = GaugeMetricFamily(
+    host_mem = _Family("hami_host_gpu_memory_used_bytes", "GPU device memory used on the host, bytes")
+    host_util = _Family("hami_host_gpu_utilization_ratio", "GPU utilisation on the host, percent (0-100)")
+    host_memctl = _Family(
         "hami_host_gpu_memory_controller_utilization_ratio",
         "GPU memory controller utilisation on the host, percent (0-100)",
-        labels=HOST_MEMCTL_LABELS,
     )
-    old_host_mem = GaugeMetricFamily(
-        "HostGPUMemoryUsage", "GPU device memory usage", labels=LEGACY_HOST_LABELS
-    )
-    old_host_util = GaugeMetricFamily(
-        "HostCoreUtilization", "GPU core utilization", labels=LEGACY_HOST_LABELS
-    )
+    old_host_mem = _Family("HostGPUMemoryUsage", "GPU device memory usage")
+    old_host_util = _Family("HostCoreUtilization", "GPU core utilization")
     for g in snap.host:
         idx = str(g.index)
-        host_mem.add_metric([node, idx, g.uuid, g.device_type, ZONE], g.memory_used_bytes)
-        host_util.add_metric([node, idx, g.uuid, g.device_type, ZONE], g.utilization_percent)
-        host_memctl.add_metric([idx, g.uuid, g.device_type, ZONE], g.memory_utilization_percent)
+        full = _labels(HOST_LABELS, [node, idx, g.uuid, g.device_type, ZONE])
+        host_mem.add(full, g.memory_used_bytes)
+        host_util.add(full, g.utilization_percent)
+        host_memctl.add(
+            _labels(HOST_MEMCTL_LABELS, [idx, g.uuid, g.device_type, ZONE]), g.memory_utilization_percent
+        )
         if legacy:
-            old_host_mem.add_metric([node, idx, g.uuid, g.device_type], g.memory_used_bytes)
-            old_host_util.add_metric([node, idx, g.uuid, g.device_type], g.utilization_percent)
+            old_lbl = _labels(LEGACY_HOST_LABELS, [node, idx, g.uuid, g.device_type])
+            old_host_mem.add(old_lbl, g.memory_used_bytes)
+            old_host_util.add(old_lbl, g.utilization_percent)
 
     out = [*fams, host_mem, host_util, host_memctl]
     if legacy:
         out += [*old, mem_desc, old_host_mem, old_host_util]
-    return out
+    return ("\n".join(line for fam in out for line in fam.lines) + "\n").encode()
 
 
 class _Static(Collector):
@@ -173,13 +188,6 @@ class _Static(Collector):
 
     def collect(self) -> Iterator:
         yield from self.families
-
-
-def render_snapshot(snap: Snapshot, *, node: str, legacy: bool = False) -> bytes:
-    """Exposition text (Prometheus text format 0.0.4) of `snapshot_families`."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Static(snapshot_families(snap, node=node, legacy=legacy)))
-    return generate_latest(registry)
 
 
 class MonitorMetrics:

@@ -221,3 +221,18 @@ def test_build_parser_is_exposed_for_the_chart():
     dests = {a.dest for a in p._actions}
     assert {"containers_dir", "node_name", "kubeconfig", "address", "port", "backend", "scan_interval",
             "grace_period", "legacy_metrics"} <= dests  # fmt: skip
+
+
+def test_label_values_from_files_are_escaped():
+    # A HAMi-core uuid slot may hold any bytes; the text must still parse back to the same value.
+    odd = 'GPU-"quoted"\\back\nline'
+    dev = DeviceSample(0, odd, None, 5, 0, 0, 5, None, None)
+    snap = Snapshot(containers=(ContainerSample(POD, "main", "hami-core-v1", (dev,), 1),))
+    got = samples(render_snapshot(snap, node="n", legacy=True))
+    assert got["hami_vgpu_memory_used_bytes", lbl(**ctr("0", odd))] == 5
+    assert value_of(got, "vGPU_device_memory_usage_in_bytes", deviceuuid=odd) == 5
+
+
+def value_of(got: dict, name: str, **labels: str) -> float:
+    (v,) = [v for (n, lab), v in got.items() if n == name and set(labels.items()) <= set(lab)]
+    return v
