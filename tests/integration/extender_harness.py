@@ -1,5 +1,6 @@
 """Shared pieces of the extender integration tests (no tests here): the real extender started on
-127.0.0.1:0 against `kubefakes.apiserver` and a kube-scheduler-shaped HTTP client (object builders: `tests.builders`).
+127.0.0.1:0 against `kubefakes.apiserver`, and a kube-scheduler-shaped HTTP client. Object builders are
+in `tests.builders`.
 
 The client sends exactly what kube-scheduler's HTTPExtender sends (k8s-protocols §1.1/§1.5/§1.6):
 POST of Go-marshalled structs with PascalCase keys and explicit nulls, the Pod as the scheduler's
@@ -17,19 +18,8 @@ from typing import Any
 import aiohttp
 
 from hami import annotations as A
-from hami.model import Device
 from kubefakes.apiserver import FakeApiServer
 from scheduler_extender.cli import Server, parse_args
-from tests import builders
-
-# Builders moved to `tests.builders`; these names stay importable from here until every importer
-# uses `tests.builders` (`cards` here keeps this module's old default of two cards and `split`).
-from tests.builders import UUID_A, UUID_B, V100, gpu_node, gpu_pod  # noqa: E402,F401
-
-
-def cards(prefix: str, n: int = 2, *, mem: int = 32768, split: int = 10, type_: str = V100) -> list[Device]:
-    """Deprecated here: `tests.builders.cards` (whose default is four cards)."""
-    return builders.cards(prefix, n, mem=mem, count=split, type=type_)
 
 
 def informer_view(obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,16 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tests.integration.extender_harness import (
-    Scheduler,
-    cards,
-    create_pod,
-    eventually,
-    gpu_node,
-    gpu_pod,
-    start_extender,
-    wait_ready,
-)
+from tests.builders import cards, gpu_node, gpu_pod
+from tests.integration.extender_harness import Scheduler, create_pod, eventually, start_extender, wait_ready
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduler-extender.md"
 
@@ -43,7 +35,7 @@ def _events(api: Any, pod: str) -> list[tuple[str, str, str, int]]:
 
 async def test_unusable_policy_annotations_become_one_warning_event(fake_apiserver: Any, session) -> None:
     api = fake_apiserver
-    api.store.create("nodes", gpu_node("node1", cards("a")))
+    api.store.create("nodes", gpu_node("node1", cards("a", 2)))
     server = await start_extender(api)
     try:
         await wait_ready(server)
@@ -79,7 +71,7 @@ async def test_unusable_policy_annotations_become_one_warning_event(fake_apiserv
 
 async def test_valid_or_blank_policy_annotations_send_no_warning(fake_apiserver: Any, session) -> None:
     api = fake_apiserver
-    api.store.create("nodes", gpu_node("node1", cards("a")))
+    api.store.create("nodes", gpu_node("node1", cards("a", 2)))
     server = await start_extender(api)
     try:
         await wait_ready(server)

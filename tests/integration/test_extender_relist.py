@@ -13,16 +13,8 @@ import pytest
 
 from hami import annotations as A
 from kubefakes.apiserver import FakeApiServer
-from tests.integration.extender_harness import (
-    Scheduler,
-    cards,
-    create_pod,
-    eventually,
-    gpu_node,
-    gpu_pod,
-    start_extender,
-    wait_ready,
-)
+from tests.builders import cards, gpu_node, gpu_pod
+from tests.integration.extender_harness import Scheduler, create_pod, eventually, start_extender, wait_ready
 
 # Long enough for a relist and a second filter to happen while the first placement write is held;
 # the test checks that the write was indeed still pending, so a slow machine fails loudly, never
