@@ -66,6 +66,8 @@ def test_lint_strict_reports_a_broken_value() -> None:
         ({"devices": {"nvidai": {"enabled": True}}}, "nvidai"),
         ({"scheduler": {"admissionWebhook": {"failurePolicy": "ignore"}}}, "failurePolicy"),
     ],
+    ids=["nodeSchedulerPolicy", "gpuSchedulerPolicy", "deviceSplitCount", "deviceMemoryScaling",
+         "deviceCoreScaling", "unknown-vendor", "failurePolicy"],
 )
 def test_schema_rejects_bad_values_naming_the_key(values: dict, key: str) -> None:
     with pytest.raises(helm_python.HelmValuesError, match=key):
