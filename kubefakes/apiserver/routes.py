@@ -26,9 +26,6 @@ from kubefakes.apiserver.resources import (
 )
 from kubefakes.apiserver.selectors import (
     SelectorError,
-    compile_matcher,
-    parse_field_selector,
-    parse_label_selector,
 )
 from kubefakes.apiserver.status import (
     ApiStatusError,
@@ -38,7 +35,7 @@ from kubefakes.apiserver.status import (
     status_details,
 )
 from kubefakes.apiserver.store import Table
-from kubefakes.apiserver.watchers import ABORT_WATCH, CLOSE_WATCH
+from kubefakes.apiserver.watchers import ABORT_WATCH, CLOSE_WATCH, serve_watch, truthy
 
 if TYPE_CHECKING:
     from kubefakes.apiserver.faults import FaultInjector
@@ -96,10 +93,6 @@ def _parse_path(path: str) -> _Route | None:
 
 def _json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(body=json.dumps(body).encode(), status=status, content_type=JSON, headers=headers)
-
-
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.lower() in ("true", "1")
 
 
 class ApiRoutes:
@@ -161,7 +154,7 @@ class ApiRoutes:
             )
         q = request.query
         method = request.method
-        watch = route.watch_prefix or _truthy(q.get("watch"))
+        watch = route.watch_prefix or truthy(q.get("watch"))
         verb = {
             "GET": "watch" if watch else ("get" if route.name else "list"),
             "POST": "create",
@@ -213,7 +206,15 @@ class ApiRoutes:
         if not route.name:
             if method == "GET":
                 if watch:
-                    return await self._watch(request, table, route.namespace if info.namespaced else None)
+                    return await serve_watch(
+                        request,
+                        self.store,
+                        table,
+                        route.namespace if info.namespaced else None,
+                        default_timeout_s=self.default_watch_timeout_s,
+                        bookmark_interval_s=self.bookmark_interval_s,
+                        tasks=self._tasks,
+                    )
                 return self._list(table, route.namespace if info.namespaced else None, q)
             if method == "POST":
                 if info.namespaced and route.namespace is None:
@@ -287,7 +288,7 @@ class ApiRoutes:
             return _json_response({"cleared": True})
         if path == "/_fake/drop-watches" and method == "POST":
             watchers = self.store.all_watchers()
-            marker = ABORT_WATCH if _truthy(request.query.get("abrupt")) else CLOSE_WATCH
+            marker = ABORT_WATCH if truthy(request.query.get("abrupt")) else CLOSE_WATCH
             for w in watchers:
                 w.queue.put_nowait(marker)
             return _json_response({"dropped": len(watchers)})
@@ -393,103 +394,3 @@ class ApiRoutes:
             meta["remainingItemCount"] = 0  # not tracked precisely
         body = {"kind": f"{info.kind}List", "apiVersion": info.api_version, "metadata": meta, "items": items}
         return _json_response(body)
-
-    async def _watch(self, request: web.Request, table: Table, namespace: str | None) -> web.StreamResponse:
-        q = request.query
-        info = table.info
-        try:
-            matcher = compile_matcher(
-                parse_label_selector(q.get("labelSelector")),
-                parse_field_selector(q.get("fieldSelector"), info.field_labels),
-            )
-        except SelectorError as e:
-            raise bad_request(str(e)) from None
-        timeout = float(q.get("timeoutSeconds") or self.default_watch_timeout_s)
-        bookmarks = _truthy(q.get("allowWatchBookmarks"))
-        send_initial = _truthy(q.get("sendInitialEvents"))
-        resp = web.StreamResponse(status=200, headers={"Content-Type": JSON})
-        resp.enable_chunked_encoding()
-        try:
-            watcher, lines = self.store.open_watch(
-                table, namespace, matcher, q.get("resourceVersion"), send_initial
-            )
-        except ApiStatusError as e:
-            if e.code != 410:
-                raise
-            # The real server answers 200 and sends the expiry as an ERROR event on the stream.
-            await resp.prepare(request)
-            await resp.write(json.dumps({"type": "ERROR", "object": e.body}).encode() + b"\n")
-            await resp.write_eof()
-            return resp
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        try:
-            await resp.prepare(request)
-            if lines:
-                await resp.write(b"".join(lines))
-            if send_initial and bookmarks:
-                mark = {
-                    "kind": info.kind,
-                    "apiVersion": info.api_version,
-                    "metadata": {
-                        "resourceVersion": str(watcher.start_rv),
-                        "annotations": {"k8s.io/initial-events-end": "true"},
-                    },
-                }
-                await resp.write(json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout
-            next_bookmark = loop.time() + self.bookmark_interval_s
-            while True:
-                now = loop.time()
-                if now >= deadline:
-                    break
-                wait = deadline - now
-                if bookmarks:
-                    wait = min(wait, max(0.0, next_bookmark - now))
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-                except TimeoutError:
-                    if bookmarks and loop.time() >= next_bookmark:
-                        rv = self.store.bookmark_rv(table)
-                        if rv is not None and watcher.queue.empty():
-                            mark = {
-                                "kind": info.kind,
-                                "apiVersion": info.api_version,
-                                "metadata": {"resourceVersion": str(rv)},
-                            }
-                            await resp.write(
-                                json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n"
-                            )
-                        next_bookmark = loop.time() + self.bookmark_interval_s
-                    continue
-                # Send everything queued up to a close marker in one write; what follows a marker
-                # is not sent (the connection ends there, as a real drop would).
-                payload: list[bytes] = []
-                marker = None
-                while True:
-                    if isinstance(item, bytes):
-                        payload.append(item)
-                    else:
-                        marker = item
-                        break
-                    if watcher.queue.empty():
-                        break
-                    item = watcher.queue.get_nowait()
-                if payload:
-                    await resp.write(b"".join(payload))
-                if marker is ABORT_WATCH:
-                    if request.transport is not None:
-                        request.transport.abort()
-                    return resp
-                if marker is CLOSE_WATCH:
-                    break
-            await resp.write_eof()
-        except (ConnectionResetError, ConnectionError):
-            pass
-        finally:
-            self.store.close_watch(watcher)
-            if task is not None:
-                self._tasks.discard(task)
-        return resp

@@ -306,7 +306,7 @@ class Store(StoreWrites):
                 # "Get state and start at most recent": synthetic ADDED for everything that exists.
                 objs = table.iter_objects(namespace if info.namespaced else None)
                 for o in objs:
-                    if w._selected(o):
+                    if w.selected(o):
                         lines.append(
                             json.dumps({"type": "ADDED", "object": with_type(info, o)}).encode() + b"\n"
                         )
