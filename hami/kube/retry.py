@@ -221,29 +221,26 @@ def call_with_retries(
     `retries` more times with jittered exponential backoff and ``Retry-After`` honoured; the final
     failure raises the mapped `hami.errors` type."""
     backoff = Backoff(initial_wait_s, max_wait_s, jitter=0.5)
-    state = {"failures": 0}
+    failures = 0
 
-    def sleep_for(exc: Retryable) -> float:
-        state["failures"] += 1
-        return backoff.delay(state["failures"], at_least_s=exc.retry_after_s)
+    def wait_after(exc: BaseException | None) -> float:
+        nonlocal failures
+        failures += 1
+        after = exc.retry_after_s if isinstance(exc, Retryable) else None
+        return backoff.delay(failures, at_least_s=after)
 
+    # The first try runs bare: tenacity's bookkeeping is only paid when something failed.
     try:
         return attempt()
     except Retryable as e:
         if retries < 1:
             raise e.error from None
-        first = e
-    time.sleep(sleep_for(first))
-
-    def wait(rs: tenacity.RetryCallState) -> float:
-        exc = rs.outcome.exception() if rs.outcome else None
-        return sleep_for(exc) if isinstance(exc, Retryable) else backoff.delay(rs.attempt_number + 1)
-
+        time.sleep(wait_after(e))
     try:
         return tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(Retryable),
             stop=tenacity.stop_after_attempt(retries),
-            wait=wait,
+            wait=lambda rs: wait_after(rs.outcome.exception() if rs.outcome else None),
             reraise=True,
         )(attempt)
     except Retryable as e:
