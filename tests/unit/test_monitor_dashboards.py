@@ -32,11 +32,13 @@ DASHBOARDS = REPO / "dashboards"
 FUNCTIONS = {
     "sum", "max", "min", "avg", "count", "topk", "bottomk", "rate", "irate", "increase", "delta",
     "histogram_quantile", "abs", "clamp_min", "clamp_max", "time", "vector", "label_values",
+    "max_over_time", "avg_over_time", "min_over_time",
 }  # fmt: skip
 CLAUSES = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 BINARY = {"and", "or", "unless", "bool"}
+SCRAPE_LABELS = {"instance", "job"}  # added by Prometheus to every scraped series
 TOKEN = re.compile(
-    r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<range>\[[0-9a-z_$]+\])|(?P<num>\d+(?:\.\d+)?)"""
+    r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<range>\[[0-9a-z_$]+(?::[0-9a-z]*)?\])|(?P<num>\d+(?:\.\d+)?)"""
     r"""|(?P<id>[A-Za-z_:][A-Za-z0-9_:]*)|(?P<op>=~|!~|!=|==|>=|<=|[-+*/%^<>=(){},]))"""
 )
 
@@ -194,6 +196,28 @@ def test_every_expression_uses_registered_metrics_and_labels(registered, name):
             union |= have
         for lab in clause | extra_labels | set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend)):
             assert lab in union, f"{name} {where}: label {lab!r} is on none of {sorted(metrics)}"
+
+
+def test_every_query_in_the_monitoring_guide_uses_registered_metrics_and_labels(registered):
+    text = (REPO / "docs" / "monitoring.md").read_text()
+    blocks = re.findall(r"```promql\n(.*?)```", text, flags=re.S)
+    assert len(blocks) >= 8
+    for block in blocks:
+        metrics, clause = promql_refs(block)
+        assert metrics, block
+        union: set[str] = set()
+        for metric, labels in metrics.items():
+            assert metric in registered, f"docs/monitoring.md: {metric} is not exported ({block!r})"
+            assert labels <= registered[metric], f"docs/monitoring.md: {metric} labels {labels}"
+            union |= registered[metric]
+        assert clause <= union | SCRAPE_LABELS, f"docs/monitoring.md: labels {sorted(clause - union)} in {block!r}"
+
+
+def test_every_metric_the_code_registers_is_in_the_monitoring_guide(registered):
+    text = (REPO / "docs" / "monitoring.md").read_text()
+    families = {re.sub(r"_(bucket|sum|count|created|total)$", "", n) for n in registered}
+    missing = sorted(f for f in families if f not in text and f + "_total" not in text)
+    assert missing == []
 
 
 def test_the_reader_catches_unknown_names(registered):
