@@ -19,18 +19,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "ha": {"scheduler": {"replicas": 2}},
     "cert-manager": {"scheduler": {"certManager": {"enabled": True}}},
     "servicemonitor": {"prometheus": {"enabled": True, "labels": {"release": "prometheus"}}},
-    "second-vendor": {
-        "devices": {
-            "cambricon": {
-                "enabled": True,
-                "deviceConfig": {
-                    "resourceCountName": "cambricon.com/vmlu",
-                    "resourceMemoryName": "cambricon.com/mlu.smlu.vmemory",
-                    "resourceCoreName": "cambricon.com/mlu.smlu.vcore",
-                },
-            }
-        }
-    },
+    # Ascend is off by default (HAMi's --enable-ascend): its chips' resources must join managedResources.
+    "second-vendor": {"devices": {"ascend": {"enabled": True}}},
     "private-registry": {
         "global": {"imageRegistry": "registry.example.com", "imagePullSecrets": [{"name": "regcred"}]},
     },

@@ -315,20 +315,34 @@ def test_managed_resources_cover_every_enabled_vendor(value_set: str) -> None:
     for word, vendor in vendors.items():
         missing = set(vendor.resource_names().all()) - set(names)
         assert not missing, f"{word}: {missing} not in managedResources"
-    for vendor, d in VALUE_SETS[value_set].get("devices", {}).items():
-        for name in d.get("deviceConfig", {}).values():
-            assert name in names, (vendor, name)
     assert len(names) == len(set(names))
 
 
 def test_enabling_a_vendor_needs_only_a_values_entry() -> None:
     off = managed(rendered("defaults"))
     on = managed(rendered("second-vendor"))
-    assert set(on) - set(off) == {"cambricon.com/vmlu", "cambricon.com/mlu.smlu.vmemory", "cambricon.com/mlu.smlu.vcore"}
+    added = set(on) - set(off)
+    assert "huawei.com/Ascend910B3-memory" in added and all(n.startswith("huawei.com/") for n in added)
     text = rendered("second-vendor").one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
-    assert yaml.safe_load(text)["cambricon"]["resourceCountName"] == "cambricon.com/vmlu"
-    # Overlapping names from two vendors appear once (kube-scheduler refuses duplicates).
-    dup = managed(render({"devices": {"mthreads": {"enabled": True, "customresources": ["nvidia.com/gpu", "mthreads.com/vgpu"]}}}))
+    assert yaml.safe_load(text)["scheduler"]["enableAscend"] is True
+    assert any(w.startswith("Ascend") for w in build_vendors(device_config(rendered("second-vendor"))))
+    assert not any(w.startswith("Ascend") for w in build_vendors(device_config(rendered("defaults"))))
+
+
+def test_a_renamed_vendor_resource_reaches_managed_resources() -> None:
+    renamed = {"resourceCountName": "example.com/mlu", "resourceMemoryName": "example.com/mlu-mem",
+               "resourceCoreName": "example.com/mlu-core"}  # fmt: skip
+    r = render({"devices": {"cambricon": {"deviceConfig": renamed}}})
+    text = r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
+    assert yaml.safe_load(text)["cambricon"] == renamed
+    names = managed(r)
+    [mlu] = [v for w, v in build_vendors(device_config(r)).items() if w == "MLU"]
+    assert set(mlu.resource_names().all()) == set(renamed.values()) <= set(names)
+
+
+def test_overlapping_vendor_names_appear_once() -> None:
+    # kube-scheduler refuses a duplicate managedResources name.
+    dup = managed(render({"devices": {"mthreads": {"customresources": ["nvidia.com/gpu", "mthreads.com/vgpu"]}}}))
     assert dup.count("nvidia.com/gpu") == 1 and "mthreads.com/vgpu" in dup
 
 

@@ -110,7 +110,8 @@ kubescheduler.config.k8s.io/v1beta3
 
 {{/* Every resource of every enabled vendor, each once (kube-scheduler refuses duplicate names). NVIDIA's
      and Hygon's come from the resource name values that also go into device-config.yaml; any other
-     vendor's from devices.<vendor>.customresources. Rendered as a JSON list. */}}
+     vendor's from devices.<vendor>.customresources and the resource* names of its deviceConfig.
+     Rendered as a JSON list. */}}
 {{- define "hami.managedResources" -}}
 {{- $names := list -}}
 {{- if .Values.devices.nvidia.enabled -}}
@@ -122,6 +123,11 @@ kubescheduler.config.k8s.io/v1beta3
 {{- range $vendor, $d := .Values.devices -}}
 {{- if and (kindIs "map" $d) $d.enabled (ne $vendor "nvidia") (ne $vendor "hygon") -}}
 {{- $names = concat $names ($d.customresources | default list) -}}
+{{- range $key, $value := ($d.deviceConfig | default dict) -}}
+{{- if and (hasPrefix "resource" $key) (kindIs "string" $value) $value -}}
+{{- $names = append $names $value -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $names | uniq | toJson -}}
