@@ -29,11 +29,14 @@ from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import NodeView, fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.pods import ContainerSpec, collapse_grants
-from hami.prefilter import CardSummary, pod_needs, prefilter
+from hami.prefilter import CardSummary, Need, pod_needs, prefilter
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies, node_score
 from hami.vendors import build_vendors
-from hami.vendors.base import Vendor
+from hami.vendors.base import AllocationContext, Vendor
+
+#: The prefilter demand of a vendor with its own fit: any node that has its cards.
+_PRESENCE_ONLY = (Need(0, 0, 0, 0, ()),)
 
 log = logging.getLogger(__name__)
 
@@ -159,10 +162,14 @@ class ClusterState:
         self.quota = QuotaState(self.vendors)
         self._lock = threading.RLock()
         self._node_keys = (
-            *(v.register_key for v in self.vendors.values()),
+            *dict.fromkeys(k for v in self.vendors.values() for k in v.node_annotation_keys),
             A.NVIDIA_SCORE,
             A.DEVICE_CORDON,
         )
+        # Vendors whose inventory is node capacity or labels (Cambricon, AWS Neuron, ...): their
+        # entries are part of what a node's devices were parsed from.
+        self._capacity_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys))
+        self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}
 
@@ -180,6 +187,11 @@ class ClusterState:
         # Lock, handshake and status updates leave the registration as it was: skip the re-parse and
         # recount, which every bind's node-lock write would otherwise cost twice.
         source = tuple(annos.get(k) for k in self._node_keys)
+        if self._capacity_keys or self._label_keys:
+            cap = objects.status(node).get("capacity")
+            cap = cap if isinstance(cap, dict) else {}
+            lab = objects.labels(node)
+            source += (*(cap.get(k) for k in self._capacity_keys), *(lab.get(k) for k in self._label_keys))
         with self._lock:
             n = self._nodes.get(name)
             if n is not None and n.source == source:
@@ -191,7 +203,7 @@ class ClusterState:
             try:
                 found = vendor.node_devices(node)
             except AnnotationError as e:
-                unusable = f"{vendor.register_key}: {e}"
+                unusable = f"{vendor.register_key or vendor.common_word + ' inventory'}: {e}"
                 log.warning("node %s: malformed registration, node unusable: %s", name, unusable)
                 continue
             if found:
@@ -391,7 +403,11 @@ class ClusterState:
         with self._lock:
             self._drop_record(uid)
             failed = out.failed_nodes
-            candidates = prefilter(self._nodes, node_names, pod_needs(containers, selections), failed)
+            needs = pod_needs(containers, selections)
+            for v in needs:
+                if self.vendors[v].custom_fit:
+                    needs[v] = _PRESENCE_ONLY  # the vendor's own fit decides; the node must have its cards
+            candidates = prefilter(self._nodes, node_names, needs, failed)
             sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
             # Only the best fitting node is needed: a heap gives candidates in policy order in
             # O(n + k log n) for the k nodes tried, instead of sorting them all.
@@ -426,8 +442,11 @@ class ClusterState:
         out.node, out.devices = chosen.name, fit.devices
         stamp = int(time.time() if now is None else now)
         out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
+        names = [c.name for c in containers]
         for v, lst in fit.devices.items():
-            out.annotations.update(self.vendors[v].allocation_annotations(lst))
+            cards = {d.uuid: d for d in chosen.devices.get(v, ())}
+            ctx = AllocationContext(chosen.name, pod, cards, names, time.time() if now is None else now)
+            out.annotations.update(self.vendors[v].allocation_annotations(lst, context=ctx))
         out.labels = {A.ASSIGNED_NODE: chosen.name}
         return out
 

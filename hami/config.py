@@ -21,6 +21,7 @@ import yaml
 
 from hami.configparse import coerce, parse_section, require
 from hami.errors import ConfigError
+from hami.scoring import CARD_POLICIES, NODE_POLICIES
 from hami.vendors import UNIMPLEMENTED_SECTIONS, VENDOR_SECTIONS
 from hami.vendors.hygon import HygonConfig
 from hami.vendors.nvidia import CORE_POLICIES, NvidiaConfig
@@ -29,9 +30,6 @@ __all__ = [
     "CARD_POLICIES", "CORE_POLICIES", "NODE_POLICIES", "DeviceConfig", "HygonConfig", "NodeOverride",
     "NvidiaConfig", "SchedulerConfig", "load_config", "load_config_file",
 ]  # fmt: skip
-
-NODE_POLICIES = ("binpack", "spread")
-CARD_POLICIES = ("binpack", "spread", "numa", "mutex", "topology-aware")
 
 
 @dataclass(frozen=True)
@@ -82,8 +80,16 @@ class NodeOverride:
         """Raise ConfigError naming the first invalid key."""
         where = f"nodeconfig[{self.name}]"
         if self.deviceSplitCount is not None:
-            require(self.deviceSplitCount >= 1, f"{where}.devicesplitcount", self.deviceSplitCount, "an integer >= 1")
-        for key, val in (("devicememoryscaling", self.deviceMemoryScaling), ("devicecorescaling", self.deviceCoreScaling)):
+            require(
+                self.deviceSplitCount >= 1,
+                f"{where}.devicesplitcount",
+                self.deviceSplitCount,
+                "an integer >= 1",
+            )
+        for key, val in (
+            ("devicememoryscaling", self.deviceMemoryScaling),
+            ("devicecorescaling", self.deviceCoreScaling),
+        ):
             if val is not None:
                 require(val > 0, f"{where}.{key}", val, "a number > 0")
 

@@ -49,6 +49,12 @@ class Reason(StrEnum):
     CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
     ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
     NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+    # Reasons of vendors' own fits (hami/vendors/, HAMi pkg/device/common reason words).
+    CARD_NOT_FOUND_CUSTOM_FILTER_RULE = "CardNotFoundCustomFilterRule"
+    MODE_NOT_FIT = "ModeNotFit"
+    CARD_UNHEALTHY = "CardUnhealthy"
+    CARD_APP_CLASS_MISMATCH = "CardAppClassMismatch"
+    CARD_QOS_POLICY_MISMATCH = "CardQosPolicyMismatch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,17 +284,35 @@ def fit_pod(
             if quota is not None:
                 t = pod_totals[req.vendor] if shared else [0, 0]
                 q = _bind_quota(quota, req.vendor, t)
-            got, reasons = fit_container(
-                req,
-                cards,
-                app_usage,  # for an init container: the node plus the sidecars started before it
-                vendor=vendors[req.vendor],
-                selection=selections.get(req.vendor, Selection()),
-                policy=policy,
-                cordoned=node.cordoned,
-                pair_scores=node.pair_scores,
-                quota_ok=q,
-            )
+            vendor = vendors[req.vendor]
+            if vendor.custom_fit:
+                # The vendor's own algorithm (topology, profiles, "same card" rules): it sees this
+                # vendor's devices of the pod's earlier containers of the same phase.
+                got, reasons = vendor.fit_cards(
+                    req,
+                    cards,
+                    app_usage,
+                    selection=selections.get(req.vendor, Selection()),
+                    policy=policy,
+                    earlier=[
+                        devices[req.vendor][j]
+                        for j in range(i)
+                        if (containers[j].kind is ContainerKind.INIT) is not shared
+                    ],
+                    quota_ok=q,
+                )
+            else:
+                got, reasons = fit_container(
+                    req,
+                    cards,
+                    app_usage,  # for an init container: the node plus the sidecars started before it
+                    vendor=vendor,
+                    selection=selections.get(req.vendor, Selection()),
+                    policy=policy,
+                    cordoned=node.cordoned,
+                    pair_scores=node.pair_scores,
+                    quota_ok=q,
+                )
             if got is None:
                 return NodeFit(ok=False, reasons=reasons, total=max(len(cards), 1))
             devices[req.vendor][i] = got

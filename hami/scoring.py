@@ -17,9 +17,13 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from hami import annotations as A
-from hami.config import CARD_POLICIES, NODE_POLICIES
 from hami.errors import InvalidRequest
 from hami.model import Device, DeviceUsage
+
+#: Policy names as the device config and the pod annotations spell them (HAMi's). Defined here, not in
+#: `hami.config`, because the config imports the vendors, whose fits import this module.
+NODE_POLICIES = ("binpack", "spread")
+CARD_POLICIES = ("binpack", "spread", "numa", "mutex", "topology-aware")
 
 
 class NodePolicy(StrEnum):

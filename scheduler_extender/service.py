@@ -48,6 +48,7 @@ from hami import annotations as A
 from hami.cluster import ClusterState, FilterOutcome
 from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention, NotFound
 from hami.nodelock import NODE_LOCK_EXPIRY_S, NodeMutexes, lock_node, release_node_lock
+from hami.vendors import pod_takes_node_lock
 from scheduler_extender import events as ev
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sync import Inflight
@@ -419,10 +420,11 @@ class Extender:
         if self.client is None:
             return
         try:
-            lock_node(
-                self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s,
-                cached=self.node_lookup(node), mutexes=self.node_mutexes,
-            )  # fmt: skip
+            if pod_takes_node_lock(cached, self.state.vendors):
+                lock_node(
+                    self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s,
+                    cached=self.node_lookup(node), mutexes=self.node_mutexes,
+                )  # fmt: skip
         except NodeLockContention as e:
             raise BindFailure("lock", f"binding {who} to {node} failed: {e}") from None
         except NotFound:

@@ -83,7 +83,9 @@ def table(cls: type) -> list[str]:
     for f in dataclasses.fields(cls):
         doc = docs.get(f.name)
         if doc is None:
-            raise SystemExit(f"{cls.__module__}.{cls.__qualname__}.{f.name}: field has no attribute docstring")
+            raise SystemExit(
+                f"{cls.__module__}.{cls.__qualname__}.{f.name}: field has no attribute docstring"
+            )
         lines.append(f"| `{f.name}` | {_default(f)} | {doc.replace('|', '/')} |")
     return lines
 

@@ -13,6 +13,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hami.configparse import parse_section
+from hami.vendors import (
+    amd,
+    ascend,
+    awsneuron,
+    biren,
+    cambricon,
+    enflame,
+    iluvatar,
+    kunlun,
+    metax,
+    mthreads,
+    vastai,
+)
 from hami.vendors.base import MutationResult, ResourceNames, Vendor
 from hami.vendors.hygon import HygonConfig, HygonVendor
 from hami.vendors.nvidia import NvidiaConfig, NvidiaVendor
@@ -31,12 +44,13 @@ class VendorSection:
     """One device-config section: its dataclass, how it is parsed, and the vendors it enables.
 
     `build(section_config, device_config)` returns the section's vendors (several for list sections
-    such as Ascend's `vnpus.configs`; none when a scheduler switch such as `enableAscend` is off).
+    such as Ascend's `vnpus.configs`; none when a scheduler switch such as `enableAscend` is off or
+    `device_config` is None).
     `parse(key, raw)` defaults to the flat `hami.configparse.parse_section` with `aliases`.
     """
 
     config: type
-    build: Callable[[Any, DeviceConfig], list[Vendor]]
+    build: Callable[[Any, DeviceConfig | None], list[Vendor]]
     aliases: Mapping[str, str] = field(default_factory=dict)
     custom_parse: Callable[[str, Any], Any] | None = None
 
@@ -51,15 +65,23 @@ VENDOR_SECTIONS: dict[str, VendorSection] = {
     "nvidia": VendorSection(
         NvidiaConfig, lambda c, d: [NvidiaVendor(c)], aliases={"defaultMem": "defaultMemory"}
     ),
+    "cambricon": VendorSection(cambricon.CambriconConfig, cambricon.build),
     "hygon": VendorSection(HygonConfig, lambda c, d: [HygonVendor(c)]),
+    "enflame": VendorSection(enflame.EnflameConfig, enflame.build),
+    "mthreads": VendorSection(mthreads.MthreadsConfig, mthreads.build),
+    "metax": VendorSection(metax.MetaxConfig, metax.build),
+    "kunlun": VendorSection(kunlun.KunlunConfig, kunlun.build),
+    "awsneuron": VendorSection(awsneuron.AWSNeuronConfig, awsneuron.build),
+    "amd": VendorSection(amd.AMDConfig, amd.build),
+    "vastai": VendorSection(vastai.VastaiConfig, vastai.build),
+    "biren": VendorSection(biren.BirenConfig, biren.build),
+    "vnpus": VendorSection(ascend.AscendConfig, ascend.build, custom_parse=ascend.parse),
+    "iluvatars": VendorSection(iluvatar.IluvatarConfig, iluvatar.build, custom_parse=iluvatar.parse),
 }
 
 
-#: HAMi sections of vendors not scheduled here yet: accepted and ignored, so HAMi's ConfigMap loads.
-UNIMPLEMENTED_SECTIONS = frozenset({
-    "cambricon", "metax", "mthreads", "iluvatars", "enflame", "kunlun", "awsneuron", "amd", "vastai",
-    "biren", "vnpus",
-})  # fmt: skip
+#: HAMi sections of vendors not scheduled here: accepted and ignored, so HAMi's ConfigMap loads (none left).
+UNIMPLEMENTED_SECTIONS: frozenset[str] = frozenset()
 
 
 def build_vendors(config: DeviceConfig | None = None) -> dict[str, Vendor]:
@@ -68,16 +90,33 @@ def build_vendors(config: DeviceConfig | None = None) -> dict[str, Vendor]:
     Raises ConfigError when two sections register the same CommonWord (e.g. an Iluvatar chip named
     like an Ascend one).
     """
-    if config is None:
-        from hami.config import DeviceConfig  # the config module imports this one
-
-        config = DeviceConfig()
     out: dict[str, Vendor] = {}
     for key, entry in VENDOR_SECTIONS.items():
-        for vendor in entry.build(config.section(key), config):
+        # No config: every section's defaults, and the switched vendors (Ascend, Iluvatar) stay off.
+        section = config.section(key) if config is not None else entry.config()
+        for vendor in entry.build(section, config):
             if vendor.common_word in out:
                 from hami.errors import ConfigError
 
                 raise ConfigError(f"{key}: CommonWord {vendor.common_word!r} is registered twice")
             out[vendor.common_word] = vendor
     return out
+
+
+def pod_takes_node_lock(pod: Mapping[str, Any] | None, vendors: Mapping[str, Vendor]) -> bool:
+    """Whether bind takes `hami.io/mutex.lock` for `pod` (HAMi: an app container asks for a vendor whose
+    device plugin finds the pod through that lock). Vendors whose plugins find the pod by their own
+    annotations (Moore Threads, MetaX GPU, Kunlunxin XPU, AWS Neuron, Enflame, Cambricon) release no
+    such lock, so taking it would block the node's next bind until the lock expires. Unknown or invalid
+    pods take the lock (the safe side)."""
+    if pod is None:
+        return True
+    from hami.errors import InvalidRequest
+    from hami.pods import ContainerKind, requests
+
+    try:
+        specs = requests(pod, vendors)
+    except InvalidRequest:
+        return True
+    asked = {r.vendor for c in specs if c.kind is ContainerKind.APP for r in c.requests}
+    return not asked or any(vendors[v].uses_node_lock for v in asked if v in vendors)

@@ -9,17 +9,28 @@ is one module plus one registry line:
 - allocation annotations: the keys the scheduler writes at filter time and the device plugin consumes,
   plus extra vendor keys (`CAMBRICON_DSMLU_PROFILE`, `BAIDU_COM_DEVICE_IDX`, ...);
 - locking: whether bind takes `hami.io/mutex.lock` (or its own lock key);
-- admission: the webhook's per-container mutation and validation.
-Vendors never do I/O: they take and return plain dicts in the API's JSON form.
+- admission: the webhook's per-container mutation and validation;
+- vendor rules the generic fit cannot express (`custom_fit`): capacity-derived inventories
+  (`node_capacity_keys`), pod-wide "same card" rules (`fit_cards` sees the devices of the pod's earlier
+  containers), topology choices, and extra pod annotations written at filter time
+  (`allocation_annotations` gets an `AllocationContext` with the node, the pod and the clock).
+Vendors never do I/O: they take and return plain dicts in the API's JSON form. `VendorBase` holds the
+defaults of the optional members, so a vendor states only what differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from hami.model import ContainerDevice, ContainerRequest, Device, Selection
+from hami import objects
+from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
+
+if TYPE_CHECKING:
+    from hami.fit import Reason
+    from hami.scoring import PolicyChoice
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +61,26 @@ class MutationResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class AllocationContext:
+    """What a vendor may need besides the device lists to write its filter-time pod annotations.
+
+    `node`: the chosen node; `pod`: the pod in API JSON form; `cards`: this vendor's cards on the node by
+    UUID (for card indexes); `container_names`: in device-list order (init containers first); `now`: Unix
+    seconds (nanosecond stamps are derived from it, so a test can fix the clock).
+    """
+
+    node: str
+    pod: Mapping[str, Any] = field(default_factory=dict)
+    cards: Mapping[str, Device] = field(default_factory=dict)
+    container_names: Sequence[str] = ()
+    now: float = 0.0
+
+
+#: usage(uuid) -> the card's usage as the fit sees it (node usage plus earlier containers of the pod).
+UsageOf = Callable[[str], DeviceUsage]
+
+
 @runtime_checkable
 class Vendor(Protocol):
     """One accelerator vendor. Attributes are constants of the vendor; methods are pure."""
@@ -64,6 +95,14 @@ class Vendor(Protocol):
     allocated_key: str
     #: Whether bind takes the shared `hami.io/mutex.lock` for pods using this vendor.
     uses_node_lock: bool
+    #: Node annotations, `status.capacity` entries and labels the inventory reads: a node event that
+    #: changes none of them (lock or handshake writes) does not re-parse the node.
+    node_annotation_keys: tuple[str, ...]
+    node_capacity_keys: tuple[str, ...]
+    node_label_keys: tuple[str, ...]
+    #: True when `fit_cards` replaces the generic per-card fit (`hami.fit.fit_container`), and the
+    #: filter's card-summary prefilter must leave this vendor's demands to it.
+    custom_fit: bool
 
     def resource_names(self) -> ResourceNames:
         """The extended resources this vendor reads from containers."""
@@ -99,8 +138,28 @@ class Vendor(Protocol):
         """
         ...
 
-    def allocation_annotations(self, containers: Sequence[Sequence[ContainerDevice]]) -> dict[str, str]:
+    def allocation_annotations(
+        self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
+    ) -> dict[str, str]:
         """Pod annotations the scheduler writes at filter time for this allocation (one entry per container)."""
+        ...
+
+    def fit_cards(
+        self,
+        req: ContainerRequest,
+        cards: Sequence[Device],
+        usage: UsageOf,
+        *,
+        selection: Selection,
+        policy: PolicyChoice,
+        earlier: Sequence[Sequence[ContainerDevice]],
+        quota_ok: Callable[[int, int], bool] | None,
+    ) -> tuple[list[ContainerDevice] | None, Counter[Reason]]:
+        """Only with `custom_fit`: choose cards for one container request, or return per-card reasons.
+
+        `earlier`: this vendor's devices of the pod's earlier containers of the same phase (init
+        containers see earlier init containers, app containers earlier app containers).
+        """
         ...
 
     def mutate_container(self, container: dict[str, Any], *, pod: dict[str, Any]) -> MutationResult:
@@ -135,3 +194,47 @@ def split_list(value: str | None) -> tuple[str, ...]:
     if not value:
         return ()
     return tuple(p.strip() for p in value.split(",") if p.strip())
+
+
+class VendorBase:
+    """Defaults of the optional vendor members; concrete vendors subclass it and override."""
+
+    common_word = ""
+    register_key = ""
+    handshake_key: str | None = None
+    to_allocate_key: str | None = None
+    allocated_key = ""
+    uses_node_lock = False
+    node_capacity_keys: tuple[str, ...] = ()
+    node_label_keys: tuple[str, ...] = ()
+    custom_fit = False
+
+    @property
+    def node_annotation_keys(self) -> tuple[str, ...]:
+        return (self.register_key,) if self.register_key else ()
+
+    def user_annotation_keys(self) -> tuple[str, ...]:
+        return ()
+
+    def allocation_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in (self.to_allocate_key, self.allocated_key) if k)
+
+    def selection(self, annotations: Mapping[str, str]) -> Selection:
+        return Selection()
+
+    def type_matches(self, device: Device, selection: Selection) -> bool:
+        return True
+
+    def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
+        raise NotImplementedError(f"{type(self).__name__} has no custom fit")
+
+
+def capacity(node: Mapping[str, Any], resource: str) -> Any:
+    """`status.capacity[resource]` of a node (None when absent or when a member is not a mapping)."""
+    cap = objects.status(node).get("capacity")
+    return cap.get(resource) if isinstance(cap, dict) else None
+
+
+def labels(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    """`metadata.labels` of an object (empty when absent)."""
+    return objects.labels(obj)

@@ -14,7 +14,14 @@ from hami import annotations as A
 from hami.configparse import require
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib, to_percent
-from hami.vendors.base import MutationResult, ResourceNames, container_limits, split_list
+from hami.vendors.base import (
+    AllocationContext,
+    MutationResult,
+    ResourceNames,
+    VendorBase,
+    container_limits,
+    split_list,
+)
 
 USE_DCUTYPE = "hygon.com/use-dcutype"
 NOUSE_DCUTYPE = "hygon.com/nouse-dcutype"
@@ -40,7 +47,7 @@ class HygonConfig:
         require(self.memoryFactor >= 1, "hygon.memoryFactor", self.memoryFactor, "an integer >= 1")
 
 
-class HygonVendor:
+class HygonVendor(VendorBase):
     common_word = "DCU"
     register_key = "hami.io/node-dcu-register"
     handshake_key: str | None = "hami.io/node-handshake-dcu"
@@ -109,7 +116,9 @@ class HygonVendor:
             return None
         return A.decode_node_devices_colon(value, vendor=self.common_word)
 
-    def allocation_annotations(self, containers: Sequence[Sequence[ContainerDevice]]) -> dict[str, str]:
+    def allocation_annotations(
+        self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
+    ) -> dict[str, str]:
         encoded = A.encode_pod_devices(containers)
         return {self.to_allocate_key or "": encoded, self.allocated_key: encoded}
 

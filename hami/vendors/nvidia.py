@@ -17,7 +17,15 @@ from hami.configparse import require
 from hami.errors import InvalidRequest
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib, to_percent
-from hami.vendors.base import MutationResult, ResourceNames, container_limits, set_env, split_list
+from hami.vendors.base import (
+    AllocationContext,
+    MutationResult,
+    ResourceNames,
+    VendorBase,
+    container_limits,
+    set_env,
+    split_list,
+)
 
 USE_GPUTYPE = "nvidia.com/use-gputype"
 NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
@@ -78,15 +86,27 @@ class NvidiaConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid key."""
-        require(self.deviceSplitCount >= 1, "nvidia.deviceSplitCount", self.deviceSplitCount, "an integer >= 1")
-        require(self.deviceMemoryScaling > 0, "nvidia.deviceMemoryScaling", self.deviceMemoryScaling, "a number > 0")
-        require(self.deviceCoreScaling > 0, "nvidia.deviceCoreScaling", self.deviceCoreScaling, "a number > 0")
+        require(
+            self.deviceSplitCount >= 1, "nvidia.deviceSplitCount", self.deviceSplitCount, "an integer >= 1"
+        )
+        require(
+            self.deviceMemoryScaling > 0,
+            "nvidia.deviceMemoryScaling",
+            self.deviceMemoryScaling,
+            "a number > 0",
+        )
+        require(
+            self.deviceCoreScaling > 0, "nvidia.deviceCoreScaling", self.deviceCoreScaling, "a number > 0"
+        )
         require(self.defaultMemory >= 0, "nvidia.defaultMemory", self.defaultMemory, "MiB >= 0")
         require(0 <= self.defaultCores <= 100, "nvidia.defaultCores", self.defaultCores, "percent 0..100")
         require(self.defaultGPUNum >= 0, "nvidia.defaultGPUNum", self.defaultGPUNum, "an integer >= 0")
         require(self.memoryFactor >= 1, "nvidia.memoryFactor", self.memoryFactor, "an integer >= 1")
         require(
-            self.gpuCorePolicy in CORE_POLICIES, "nvidia.gpuCorePolicy", self.gpuCorePolicy, ", ".join(CORE_POLICIES)
+            self.gpuCorePolicy in CORE_POLICIES,
+            "nvidia.gpuCorePolicy",
+            self.gpuCorePolicy,
+            ", ".join(CORE_POLICIES),
         )
 
 
@@ -121,7 +141,7 @@ def control_disabled(container: Mapping[str, Any]) -> bool:
     )
 
 
-class NvidiaVendor:
+class NvidiaVendor(VendorBase):
     common_word = "NVIDIA"
     register_key = A.NVIDIA_REGISTER
     handshake_key: str | None = A.NVIDIA_HANDSHAKE
@@ -220,7 +240,9 @@ class NvidiaVendor:
             return None
         return A.decode_node_devices_json(value, vendor=self.common_word)
 
-    def allocation_annotations(self, containers: Sequence[Sequence[ContainerDevice]]) -> dict[str, str]:
+    def allocation_annotations(
+        self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
+    ) -> dict[str, str]:
         encoded = A.encode_pod_devices(containers)
         return {A.NVIDIA_TO_ALLOCATE: encoded, A.NVIDIA_ALLOCATED: encoded}
 

@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("gen_configuration_doc", ROOT / "scripts" / "gen_configuration_doc.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_configuration_doc", ROOT / "scripts" / "gen_configuration_doc.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -24,7 +26,9 @@ def _generator():
 def test_configuration_doc_is_current():
     gen = _generator()
     committed = (ROOT / "docs" / "configuration.md").read_text()
-    assert committed == gen.render(), "docs/configuration.md is stale: run python scripts/gen_configuration_doc.py"
+    assert committed == gen.render(), (
+        "docs/configuration.md is stale: run python scripts/gen_configuration_doc.py"
+    )
 
 
 def test_every_config_field_has_an_attribute_docstring():
@@ -46,7 +50,9 @@ def test_unknown_top_level_key_lists_every_table_section():
 
 
 def test_unknown_key_inside_a_vendor_section_names_section_and_valid_keys():
-    with pytest.raises(ConfigError, match=r"^hygon\.memFactor: unknown key; valid keys: memoryFactor, resourceCoreName"):
+    with pytest.raises(
+        ConfigError, match=r"^hygon\.memFactor: unknown key; valid keys: memoryFactor, resourceCoreName"
+    ):
         load_config({"hygon": {"memFactor": 2}})
     with pytest.raises(ConfigError, match=r"^hygon\.memoryFactor: 0 is invalid; valid: an integer >= 1$"):
         load_config({"hygon": {"memoryFactor": 0}})

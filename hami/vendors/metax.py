@@ -1,0 +1,302 @@
+"""MetaX: whole GPUs (CommonWord `Metax-GPU`, from node capacity) and sGPU shares (`Metax-SGPU`, with QoS).
+
+HAMi pkg/device/metax. Two backends from one `metax:` section:
+
+- Whole GPU: MetaX's `gpu-device` plugin advertises `metax-tech.com/gpu`; cards are derived from the
+  capacity (`<node>-metax-<i>`, 1 slot, 65536 MiB as HAMi hard-codes, 100 cores). A request is whole
+  cards; HAMi's custom rule holds: several containers of a pod may only share one card (every card given
+  to an earlier container must be this card). No node lock (the plugin allocates by kubelet device IDs).
+- sGPU: the sGPU plugin registers `metax-tech.com/node-gpu-devices` (JSON with uuid, totalDevCount,
+  totalCompute, totalVRam, numa, healthy, qosPolicy, linkZone) and takes the pod that holds
+  `hami.io/mutex.lock`, reading `metax-tech.com/gpu-devices-allocated` (per container: uuid, compute,
+  vRam MiB). Resources are read from limits only; `metax-tech.com/vmemory` is GiB when bare and bytes
+  when it carries a unit (`8Gi` -> 8192 MiB). The webhook validates `metax-tech.com/sgpu-app-class`
+  (online/offline, single device) and adds `metax-tech.com/sgpu-qos-policy: best-effort` when absent.
+  Per card (HAMi's order): type, health (CardUnhealthy), QoS (an idle card, or a 100-core request, takes
+  any QoS; otherwise the card's reported qosPolicy must be empty or the pod's: CardQosPolicyMismatch),
+  UUID, slots, mutex, memory, then, for non-online pods, cores without HAMi's usual clamp at 100,
+  exclusivity and exhausted compute. Online pods are charged 0 cores.
+
+Differences from HAMi: the whole-GPU topology score (`metax-tech.com/gpu.topology.losses/scores`), the
+sGPU LinkZone topology score and preference, and the app-class co-location check (which needs the
+app class of every pod on a card) are not implemented: cards are chosen by the card policy; HAMi's
+in-memory "expected QoS" cache is not kept (the QoS the plugin reports is used).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hami import annotations as A
+from hami import objects
+from hami.errors import AnnotationError, InvalidRequest
+from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
+from hami.quantity import INT32_MAX, MIB, parse_quantity, to_count
+from hami.vendors import common as C
+from hami.vendors.base import AllocationContext, MutationResult, split_list
+
+GPU_MEMORY_MIB = 65536  # HAMi hard-codes the whole card's memory
+INVENTORY = "metax-tech.com/node-gpu-devices"
+ALLOCATED_JSON = "metax-tech.com/gpu-devices-allocated"
+PREDICATE_TIME = "metax-tech.com/predicate-time"
+QOS_POLICY = "metax-tech.com/sgpu-qos-policy"
+APP_CLASS = "metax-tech.com/sgpu-app-class"
+TOPOLOGY_AWARE = "metax-tech.com/sgpu-topology-aware"
+QOS_POLICIES = ("best-effort", "fixed-share", "burst-share")
+APP_CLASSES = ("online", "offline")
+
+
+@dataclass(frozen=True)
+class MetaxConfig:
+    """The `metax:` section (HAMi chart `devices.metax`, pkg/device/metax)."""
+
+    resourceCountName: str = "metax-tech.com/gpu"
+    """Whole MetaX GPUs per container (also the node capacity the cards come from). Default `metax-tech.com/gpu`."""
+    resourceVCountName: str = "metax-tech.com/sgpu"
+    """sGPUs per container (limits only). Default `metax-tech.com/sgpu` (HAMi chart)."""
+    resourceVMemoryName: str = "metax-tech.com/vmemory"
+    """Per-sGPU memory: a bare number is GiB, a value with a unit is bytes. Default `metax-tech.com/vmemory`."""
+    resourceVCoreName: str = "metax-tech.com/vcore"
+    """Per-sGPU compute in percent (absent = 100). Default `metax-tech.com/vcore` (HAMi chart)."""
+    sgpuTopologyAware: bool = False
+    """Default of the pod annotation `metax-tech.com/sgpu-topology-aware`. Default false (HAMi chart); accepted, the LinkZone score is not implemented."""
+
+    def validate(self) -> None:
+        """Nothing to check beyond the types."""
+
+
+@dataclass(frozen=True, slots=True)
+class SGPUDevice(Device):
+    """An sGPU card with the QoS policy and LinkZone its plugin reports."""
+
+    qos: str = ""
+    link_zone: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SGPUSelection(Selection):
+    qos: str = "best-effort"
+    app_class: str = ""
+
+
+class MetaxGPUVendor(C.ShareVendor):
+    common_word = "Metax-GPU"
+    to_allocate_key = "hami.io/metax-gpu-devices-to-allocate"
+    allocated_key = "hami.io/metax-gpu-devices-allocated"
+    custom_fit = True
+
+    def __init__(self, config: MetaxConfig | None = None) -> None:
+        self.config = c = config or MetaxConfig()
+        super().__init__(c.resourceCountName)
+        self.node_capacity_keys = (c.resourceCountName,)
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
+        req = super().container_request(container)
+        return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 100, 100)
+
+    def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
+        n = C.capacity_count(node, self._names.count)
+        if n is None:
+            return None
+        name = objects.name(node)
+        return [
+            Device(uuid=f"{name}-metax-{i}", index=i, count=1, devmem=GPU_MEMORY_MIB, devcore=100,
+                   type=self.common_word, vendor=self.common_word)
+            for i in range(n)
+        ]  # fmt: skip
+
+    def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
+        return C.same_card_fit(
+            self, req, cards, usage, selection=selection, policy=policy, earlier=earlier, quota_ok=quota_ok
+        )
+
+
+def sgpu_memory_mib(value: Any, *, resource: str) -> int:
+    """`metax-tech.com/vmemory` in MiB: bare = GiB, any letter = bytes (floored to MiB). Raises InvalidRequest."""
+    v, _ = parse_quantity(value, resource=resource)
+    text = str(value).strip()
+    if v < 0 or v.denominator != 1:
+        raise InvalidRequest(f"{resource}: {value!r} must be a whole number of GiB (or bytes with a unit)")
+    mib = int(v // MIB) if any(ch.isalpha() for ch in text) else int(v * 1024)
+    if mib > INT32_MAX:
+        raise InvalidRequest(f"{resource}: {value!r} is larger than {INT32_MAX} MiB")
+    return mib
+
+
+class MetaxSGPUVendor(C.ShareVendor):
+    common_word = "Metax-SGPU"
+    register_key = INVENTORY
+    to_allocate_key = "hami.io/metax-sgpu-devices-to-allocate"
+    allocated_key = "hami.io/metax-sgpu-devices-allocated"
+    use_uuid_key = "metax-tech.com/use-gpuuuid"
+    nouse_uuid_key = "metax-tech.com/nouse-gpuuuid"
+    uses_node_lock = True
+    custom_fit = True
+    quota_memory_factor = 1024
+
+    def __init__(self, config: MetaxConfig | None = None) -> None:
+        self.config = c = config or MetaxConfig()
+        super().__init__(c.resourceVCountName, c.resourceVMemoryName, c.resourceVCoreName)
+
+    def user_annotation_keys(self) -> tuple[str, ...]:
+        return (*super().user_annotation_keys(), QOS_POLICY, APP_CLASS, TOPOLOGY_AWARE)
+
+    def allocation_keys(self) -> tuple[str, ...]:
+        return (self.to_allocate_key, self.allocated_key, ALLOCATED_JSON, PREDICATE_TIME)
+
+    def read_limits(self, container: Mapping[str, Any]) -> dict[str, Any]:
+        return C.limits_only(container)
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
+        n = self._names
+        limits = C.limits_only(container)
+        if n.count not in limits:
+            return None
+        nums = to_count(limits[n.count], resource=C.field_name(container, n.count))
+        if nums == 0:
+            return None
+        mem = 0
+        if n.memory in limits:
+            mem = sgpu_memory_mib(limits[n.memory], resource=C.field_name(container, n.memory))
+        cores = 100
+        if n.cores in limits:
+            cores = to_count(limits[n.cores], resource=C.field_name(container, n.cores))
+        return ContainerRequest(self.common_word, nums, mem, 100 if mem == 0 else PERCENTAGE_UNSET, cores)
+
+    def selection(self, annotations: Mapping[str, str]) -> Selection:
+        return SGPUSelection(
+            use_uuids=split_list(annotations.get(self.use_uuid_key)),
+            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key)),
+            qos=(annotations.get(QOS_POLICY) or "best-effort").strip(),
+            app_class=(annotations.get(APP_CLASS) or "").strip(),
+        )
+
+    def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
+        """Cards from `metax-tech.com/node-gpu-devices`; Index = position. Raises AnnotationError."""
+        value = A.pod_annotations(node).get(INVENTORY)
+        if value is None:
+            return None
+        try:
+            raw = json.loads(value)
+        except ValueError as e:
+            raise AnnotationError(f"not valid JSON: {e}") from None
+        if not isinstance(raw, list):
+            raise AnnotationError("must be a JSON array of devices")
+        out: list[Device] = []
+        for i, d in enumerate(raw):
+            if not isinstance(d, dict) or not isinstance(d.get("uuid"), str) or not d["uuid"]:
+                raise AnnotationError(f"device {i}: must be an object with a non-empty 'uuid'")
+            nums = {}
+            for k in ("totalDevCount", "totalCompute", "totalVRam", "numa", "linkZone"):
+                v = d.get(k, 0)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise AnnotationError(
+                        f"device {i} ({d['uuid']}): field {k!r} must be an integer >= 0, got {v!r}"
+                    )
+                nums[k] = v
+            out.append(
+                SGPUDevice(
+                    uuid=d["uuid"],
+                    index=i,
+                    count=nums["totalDevCount"],
+                    devmem=nums["totalVRam"],
+                    devcore=nums["totalCompute"],
+                    type=self.common_word,
+                    numa=nums["numa"],
+                    health=d.get("healthy") is True,
+                    vendor=self.common_word,
+                    qos=str(d.get("qosPolicy") or ""),
+                    link_zone=nums["linkZone"],
+                )  # fmt: skip
+            )
+        return out
+
+    def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
+        R = C.fitmod.Reason
+        sel = selection if isinstance(selection, SGPUSelection) else SGPUSelection()
+        online = sel.app_class == "online"
+        reasons: Counter = Counter()
+        passing = []
+        for d in cards:
+            u = usage(d.uuid)
+            mem = req.memory_on(d)
+            why = None
+            if not d.health:
+                why = R.CARD_UNHEALTHY
+            elif (
+                not online
+                and u.used > 0
+                and req.coresreq != 100
+                and getattr(d, "qos", "") not in ("", sel.qos)
+            ):
+                why = R.CARD_QOS_POLICY_MISMATCH
+            elif not C.uuid_ok(d, sel):
+                why = R.CARD_UUID_MISMATCH
+            elif d.count <= u.used:
+                why = R.CARD_TIME_SLICING_EXHAUSTED
+            elif policy.mutex and u.used > 0:
+                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+            elif d.devmem - u.usedmem < mem:
+                why = R.CARD_INSUFFICIENT_MEMORY
+            elif not online:
+                why = C.fitmod.core_reason(d.devcore, u.usedcores, u.used, req.coresreq)
+            if why is None:
+                passing.append((d, u, mem))
+            else:
+                reasons[why] += 1
+        if len(passing) < req.nums:
+            return C.insufficient(reasons, len(passing))
+        cores = 0 if online else req.coresreq
+        chosen = C.by_policy(passing, req, policy)[: req.nums]
+        return [C.take(d, req, req.memory_on(d), cores) for d, _ in chosen], reasons
+
+    def allocation_annotations(
+        self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
+    ) -> dict[str, str]:
+        out = super().allocation_annotations(containers, context=context)
+        per = []
+        for c in containers:
+            entries = []
+            for cd in c:
+                e: dict[str, Any] = {"uuid": cd.uuid}
+                if cd.usedcores:
+                    e["compute"] = cd.usedcores
+                if cd.usedmem:
+                    e["vRam"] = cd.usedmem
+                entries.append(e)
+            per.append(entries)
+        out[ALLOCATED_JSON] = json.dumps(per, separators=(",", ":"))
+        out[PREDICATE_TIME] = C.unix_ns(context)
+        return out
+
+    def mutate_container(self, container: dict[str, Any], *, pod: dict[str, Any]) -> MutationResult:
+        """HAMi's sGPU admission: app-class must be online/offline and single-device; non-online pods
+        get `sgpu-qos-policy: best-effort` when absent, and a present policy must be a known one."""
+        n = self._names
+        if not C.in_limits(container, n.count):
+            return MutationResult()
+        req = self.container_request(container)
+        annos = pod.setdefault("metadata", {}).setdefault("annotations", {})
+        app_class = annos.get(APP_CLASS)
+        if app_class is not None:
+            if app_class not in APP_CLASSES:
+                raise InvalidRequest(f"{APP_CLASS} must be set one of [online, offline]")
+            if req is not None and req.nums != 1:
+                raise InvalidRequest("app-class pod must request single device")
+        if app_class != "online":
+            qos = annos.get(QOS_POLICY)
+            if qos is None:
+                annos[QOS_POLICY] = "best-effort"
+            elif qos not in QOS_POLICIES:
+                raise InvalidRequest(
+                    f"{QOS_POLICY} must be set one of [best-effort, fixed-share, burst-share]"
+                )
+        return MutationResult(uses_device=True)
+
+
+def build(config: MetaxConfig, device_config: Any) -> list[Any]:
+    return [MetaxGPUVendor(config), MetaxSGPUVendor(config)]
