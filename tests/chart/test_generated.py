@@ -69,3 +69,28 @@ def test_dashboards_config_map_carries_every_dashboard() -> None:
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert {k: json.loads(v) for k, v in cm["data"].items()} == {k: json.loads(v) for k, v in files.items()}
     assert rendered("defaults").find("ConfigMap", "hami-dashboards") == []
+
+
+def test_example_device_config_is_current_and_loads_into_the_defaults(capsys) -> None:
+    from hami.config import SchedulerConfig, load_config
+    from hami.vendors import VENDOR_SECTIONS
+
+    assert script("gen_example_config").main(["--check"]) == 0, capsys.readouterr().err
+    text = (ROOT / "examples" / "device-config.yaml").read_text()
+    cfg = load_config(yaml.safe_load(text))
+    for key, entry in VENDOR_SECTIONS.items():
+        assert cfg.section(key) == entry.config(), key
+    assert cfg.scheduler == SchedulerConfig()
+    assert set(yaml.safe_load(text)) == {*VENDOR_SECTIONS, "scheduler", "nodeconfig"}
+
+
+def test_every_key_of_the_example_is_commented() -> None:
+    lines = (ROOT / "examples" / "device-config.yaml").read_text().splitlines()
+    keys = 0
+    for i, line in enumerate(lines):
+        stripped = line.lstrip(" -")
+        if not stripped or stripped.startswith("#") or ":" not in stripped:
+            continue
+        keys += 1
+        assert lines[i - 1].lstrip().startswith("#"), f"line {i + 1} has no comment above it: {line!r}"
+    assert keys > 100
