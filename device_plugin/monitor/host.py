@@ -1,8 +1,8 @@
 """Whole-card figures for the ``hami_host_gpu_*`` families: NVML on a GPU node, a YAML file in tests.
 
 The scanner calls `read()` once per scan, on its own thread, so a slow NVML call never delays a
-scrape. A backend that fails logs and returns the last good answer's cards as absent (an empty list)
-rather than raising: host metrics are a side dish, the per-container families must keep flowing.
+scrape. A backend that fails at run time logs and returns an empty list rather than raising: the
+card families are then absent for that scan, and the per-container families keep flowing.
 """
 
 from __future__ import annotations

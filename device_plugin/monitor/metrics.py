@@ -197,8 +197,8 @@ class MonitorMetrics:
       (`device_plugin.monitor.regions.REASONS`; every reason is present from the start at 0);
     - ``hami_monitor_scan_duration_seconds``: histogram of one scan (all directories + host figures);
     - ``hami_monitor_last_scan_timestamp_seconds``: unix time of the last finished scan;
-    - ``hami_monitor_containers{state}``: cache directories with (``matched``) / without
-      (``unmatched``) a known pod, and with a readable region (``exported``);
+    - ``hami_monitor_containers{state}``: cache directories whose pod is known and whose region was
+      read (``exported``), and directories with no known pod (``unmatched``);
     - ``hami_monitor_cache_dirs_removed_total``: stale directories deleted after the grace period;
     - ``hami_monitor_pods_synced``: 1 once the pod watch has delivered its first list;
     - ``hami_build_info{version,implementation}``.
@@ -239,6 +239,5 @@ class MonitorMetrics:
         """Record one finished scan."""
         self.scan_duration.observe(snap.scan_s)
         self.last_scan.set(snap.taken_at)
-        matched = len(snap.containers)
-        self.containers.labels("exported").set(matched)
+        self.containers.labels("exported").set(len(snap.containers))
         self.containers.labels("unmatched").set(snap.unmatched_dirs)

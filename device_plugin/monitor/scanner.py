@@ -206,7 +206,14 @@ class Scanner:
             return None  # the container has not made its first CUDA call yet
         if len(files) == 1:
             return files[0].path
-        newest = max(files, key=lambda e: e.stat().st_mtime)
+
+        def mtime(e: os.DirEntry) -> float:
+            try:
+                return e.stat().st_mtime
+            except OSError:  # removed since the listing
+                return 0.0
+
+        newest = max(files, key=mtime)
         self._fail(name, st, MULTIPLE_FILES, f"{len(files)} *.cache files; reading the newest, {newest.name}")
         return newest.path
 
