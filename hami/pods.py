@@ -122,11 +122,19 @@ def requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor] | Sequence[Ve
     Raises InvalidRequest (from the vendor) for a bad quantity, naming the container and the field.
     """
     vs = list(vendors.values()) if isinstance(vendors, Mapping) else list(vendors)
-    out = []
-    for kind, c in entries(pod):
-        reqs = tuple(r for v in vs if (r := v.container_request(c)) is not None)
-        out.append(ContainerSpec(name=c.get("name", ""), kind=kind, requests=reqs))
-    return out
+    return [container_spec(c, kind, vs) for kind, c in entries(pod)]
+
+
+def container_spec(
+    container: Mapping[str, Any], kind: ContainerKind, vendors: Mapping[str, Vendor] | Sequence[Vendor]
+) -> ContainerSpec:
+    """One container's device requests, one per vendor it asks for (in `vendors` order).
+
+    Raises InvalidRequest (from the vendor) for a bad quantity, naming the container and the field.
+    """
+    vs = vendors.values() if isinstance(vendors, Mapping) else vendors
+    reqs = tuple(r for v in vs if (r := v.container_request(container)) is not None)
+    return ContainerSpec(name=container.get("name", ""), kind=kind, requests=reqs)
 
 
 def without_finished_init(devices: PodDevices, kinds: Sequence[ContainerKind]) -> PodDevices:

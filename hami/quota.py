@@ -17,7 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hami import objects
+from hami import pods as podrules
 from hami.model import CardGrant, ContainerRequest
+from hami.pods import ContainerKind, ContainerSpec
 from hami.quantity import to_count, to_mib
 from hami.vendors.base import Vendor
 
@@ -161,19 +163,32 @@ class QuotaState:
         return None
 
 
-def pod_demand(
-    init: Sequence[Sequence[ContainerRequest]], app: Sequence[Sequence[ContainerRequest]]
-) -> dict[str, tuple[int, int]]:
-    """The quota demand of a pod per vendor, before cards are chosen (§2.2.4):
-    max(sum over app containers, largest init container) of memreq x nums and coresreq x nums.
+def containers_demand(containers: Sequence[ContainerSpec]) -> dict[str, tuple[int, int]]:
+    """The quota demand of a pod alone per vendor, before cards are chosen (§2.2.4), from its containers'
+    requests in device-list order: memreq x nums MiB and coresreq x nums percent per container, combined by
+    the pod rule (`hami.pods.peak`): app containers and native sidecars summed, each plain init container
+    with the sidecars declared before it. Whatever cards the fit then chooses, the pod is charged at
+    least this much (`hami.pods.collapse_grants`), so the webhook may deny a pod over it.
     Percentage-only memory counts 0 here (it becomes MiB per card in the fit, where quota is checked again).
     """
     out: dict[str, tuple[int, int]] = {}
-    vendors = {r.vendor for c in (*init, *app) for r in c}
+    vendors = dict.fromkeys(r.vendor for c in containers for r in c.requests)
     for v in vendors:
-        app_mem = sum(r.memreq * r.nums for c in app for r in c if r.vendor == v)
-        app_cores = sum(r.coresreq * r.nums for c in app for r in c if r.vendor == v)
-        init_mem = max((r.memreq * r.nums for c in init for r in c if r.vendor == v), default=0)
-        init_cores = max((r.coresreq * r.nums for c in init for r in c if r.vendor == v), default=0)
-        out[v] = (max(app_mem, init_mem), max(app_cores, init_cores))
+        mem = [(c.kind, sum(r.memreq * r.nums for r in c.requests if r.vendor == v)) for c in containers]
+        cores = [(c.kind, sum(r.coresreq * r.nums for r in c.requests if r.vendor == v)) for c in containers]
+        out[v] = (int(podrules.peak(mem)), int(podrules.peak(cores)))
     return out
+
+
+def pod_demand(
+    init: Sequence[Sequence[ContainerRequest]], app: Sequence[Sequence[ContainerRequest]]
+) -> dict[str, tuple[int, int]]:
+    """`containers_demand` of plain init containers `init` and app containers (and sidecars) `app`:
+    max(sum over app containers, largest init container) of memreq x nums and coresreq x nums.
+    """
+    return containers_demand(
+        [
+            *(ContainerSpec("", ContainerKind.INIT, tuple(c)) for c in init),
+            *(ContainerSpec("", ContainerKind.APP, tuple(c)) for c in app),
+        ]
+    )

@@ -28,8 +28,7 @@ from typing import Any
 from hami import annotations as keys
 from hami import pods, scoring
 from hami.errors import InvalidRequest
-from hami.model import ContainerRequest
-from hami.quota import pod_demand
+from hami.quota import containers_demand
 from hami.vendors.base import Vendor
 from webhook import rules
 from webhook.views import NamespaceView, QuotaView
@@ -291,17 +290,17 @@ class Mutator:
 
         Only "the pod alone" is decided here: usage by other pods changes between admission and
         scheduling and is checked by the scheduler with its live counters. Native sidecars run next to
-        the app containers, so they are summed with them; plain init containers run one at a time
-        before them (`hami.quota.pod_demand` takes the larger of the two).
+        the app containers and to the init containers declared after them, plain init containers one at
+        a time (`hami.quota.containers_demand`, the pod rule the scheduler charges by).
         """
         if self.quota is None:
             return None
-        init: list[list[ContainerRequest]] = []
-        app: list[list[ContainerRequest]] = []
-        for slot in slots:
-            requests = [r for v in self.vendors if (r := v.container_request(slot.container)) is not None]
-            (init if slot.init and not slot.sidecar else app).append(requests)
-        demand = pod_demand(init, app)
+        demand = containers_demand(
+            [
+                pods.container_spec(s.container, pods.kind_of(s.container, init=s.init), self.vendors)
+                for s in slots
+            ]
+        )
         if not demand:
             return None
         problem = self.quota.exceeds_alone(namespace, demand)
