@@ -153,3 +153,40 @@ def place(
 
 def objects_name(n: dict[str, Any]) -> str:
     return n["metadata"]["name"]
+
+
+#: CommonWord -> (pod annotations pinning the card of the worked example, exact annotations the filter
+#: writes for the `ONE_SHARE` container named "c"). Timestamps are checked separately.
+EXPECTED: dict[str, tuple[dict[str, str], dict[str, str]]] = {
+    "NVIDIA": ({"nvidia.com/use-gpuuuid": "GPU-nv-1"}, {"hami.io/vgpu-devices-to-allocate": "GPU-nv-1,NVIDIA,1000,10:;"}),
+    "DCU": ({"hygon.com/use-gpuuuid": "5f1e0c7a-k100-1"}, {"hami.io/dcu-devices-to-allocate": "5f1e0c7a-k100-1,DCU,1000,10:;"}),
+    "MLU": ({"cambricon.com/use-gpuuuid": "mlu-a-cambricon-mlu-2"}, {
+        "hami.io/cambricon-mlu-devices-to-allocate": "mlu-a-cambricon-mlu-2,MLU,5120,30:;",
+        "CAMBRICON_DSMLU_PROFILE": "2_30_20", "CAMBRICON_DSMLU_ASSIGNED": "false", "CAMBRICON_DSMLU_ASSIGHED": "false"}),
+    "BI-V150": ({"hami.io/use-BI-V150-uuid": "GPU-7c1f02aa-0002"},
+                {"hami.io/BI-V150-devices-to-allocate": "GPU-7c1f02aa-0002,BI-V150,16384,50:;"}),
+    "Metax-GPU": ({}, {"hami.io/metax-gpu-devices-to-allocate": "mx-a-metax-0,Metax-GPU,65536,100:;"}),
+    "Metax-SGPU": ({}, {"hami.io/metax-sgpu-devices-to-allocate": "GPU-9a1b77c0,Metax-SGPU,8192,30:;",
+                        "metax-tech.com/gpu-devices-allocated": '[[{"uuid":"GPU-9a1b77c0","compute":30,"vRam":8192}]]'}),
+    "Mthreads": ({"mthreads.ai/use-gpuuuid": "mt-1-mthreads-1"}, {
+        "hami.io/mthreads-vgpu-devices-allocated": "mt-1-mthreads-1,Mthreads,4096,4:;",
+        "mthreads.com/gpu-index": "1", "mthreads.com/predicate-node": "mt-1"}),
+    "Ascend910B3": ({"hami.io/use-Ascend910B3-uuid": "ascend-7a2c-1"}, {
+        "hami.io/Ascend910B3-devices-to-allocate": "ascend-7a2c-1,Ascend910B3,16384,0:;",
+        "huawei.com/Ascend910B3": '[{"UUID":"ascend-7a2c-1","temp":"vir05_1c_16g","memory":16384}]'}),
+    "GCU": ({}, {"hami.io/enflame-gcu-devices-to-allocate": "g1-GCU-0,GCU,100,100:;"}),
+    "Enflame": ({"enflame.com/use-gpuuuid": "e1-enflame-drs-1"}, {
+        "hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-1,Enflame,16384,34:;", "enflame.com/gcu-assigned": "false",
+        "enflame.com/gcu-assigned-index": "1", "enflame.com/gcu-assigned-id": "1", "enflame.com/gcu-assigned-minor": "1",
+        "enflame.com/gcu-request-size": "2",
+        "assigned-containers": '{"c":{"allocated":false,"request":2,"profileID":"1","profileName":"2g.16gb"}}'}),
+    "kunlun": ({}, {"hami.io/kunlun-allocated": "k1-kunlun-0,kunlun,98304,100:;", "BAIDU_COM_DEVICE_IDX": "0"}),
+    "XPU": ({}, {"hami.io/xpu-devices-to-allocate": "0000:1a:00.0,XPU,24576,25:;"}),
+    "AWSNeuron": ({"aws.amazon.com/use-neuron-uuid": "trn-a-AWSNeuron-15"}, {
+        "hami.io/aws-neuron-devices-allocated": "trn-a-AWSNeuron-15,AWSNeuron,0,1:;", "AWS_NEURON_IDS": "30",
+        "NEURON_RESOURCE_TYPE": "aws.amazon.com/neuroncore", "NEURON_ALLOCATED": "false",
+        "aws.amazon.com/predicate-node": "trn-a"}),
+    "AMD": ({}, {"hami.io/amd-devices-to-allocate": "8eff74b5-0000-1000-801b-b56457addd1b,AMD Instinct MI300X VF,49152,76:;"}),
+    "Vastai": ({}, {"hami.io/Vastai-devices-to-allocate": "va-3-die0,Vastai,0,0:;"}),
+    "Biren": ({}, {"hami.io/Biren-devices-to-allocate": "brgpu-0,Biren,0,0:;"}),
+}  # fmt: skip
