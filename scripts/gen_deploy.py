@@ -81,7 +81,9 @@ def manifest() -> str:
         labels.pop("helm.sh/chart", None)
         if labels.get("app.kubernetes.io/managed-by") == "Helm":
             labels["app.kubernetes.io/managed-by"] = "kubectl"
-    docs = [yaml.dump(o, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120) for o in objects]
+    docs = [
+        yaml.dump(o, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120) for o in objects
+    ]
     return HEADER + "---\n" + "---\n".join(docs)
 
 

@@ -49,7 +49,9 @@ nodeconfig: []
 
 
 def _field_docs() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_configuration_doc", ROOT / "scripts" / "gen_configuration_doc.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_configuration_doc", ROOT / "scripts" / "gen_configuration_doc.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.field_docs
@@ -112,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if (OUT.read_text() if OUT.exists() else "") != text:
-            print(f"{OUT.relative_to(ROOT)} is out of date: run python scripts/gen_example_config.py", file=sys.stderr)
+            print(
+                f"{OUT.relative_to(ROOT)} is out of date: run python scripts/gen_example_config.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     OUT.parent.mkdir(parents=True, exist_ok=True)

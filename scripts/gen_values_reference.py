@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     new = updated(doc)
     if args.check:
         if new != doc:
-            print(f"{DOC.relative_to(ROOT)}: values reference out of date: run python scripts/gen_values_reference.py", file=sys.stderr)
+            print(
+                f"{DOC.relative_to(ROOT)}: values reference out of date: run python scripts/gen_values_reference.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     DOC.write_text(new)

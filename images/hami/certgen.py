@@ -71,9 +71,15 @@ def make_certificates(hosts: Sequence[str], *, validity_days: int) -> tuple[byte
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False,
-                encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )  # fmt: skip
@@ -143,7 +149,9 @@ def patch(
             raise LookupError(f"mutatingwebhookconfiguration {webhook_name}: not found after {wait_s:g}s")
         sleep(2.0)
     hooks = config.get("webhooks") or []
-    ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca} for i in range(len(hooks))]
+    ops = [
+        {"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": ca} for i in range(len(hooks))
+    ]
     if ops:
         api.patch_webhook(webhook_name, ops)
     return len(ops)

@@ -10,6 +10,7 @@ later SDK exposes them, only this function changes.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +38,7 @@ class Rendered:
     def find(self, kind: str, name: str | None = None) -> list[dict[str, Any]]:
         """Objects of `kind` (and `name`)."""
         return [
-            o
-            for o in self.objects
-            if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+            o for o in self.objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
         ]
 
     def one(self, kind: str, name: str) -> dict[str, Any]:
@@ -65,10 +64,9 @@ def render(
     Raises helm_python.HelmValuesError (values.schema.json rejected the values; the message names the
     key) or helm_python.HelmRenderError (a template failed, e.g. a `fail` in the chart).
     """
-    import helm_python
     from helm_python import _native
 
-    chart = helm_python.Chart.load(CHART)
+    chart = _chart()
     opts = {
         "name": release,
         "namespace": namespace,
@@ -89,6 +87,14 @@ def render(
             if doc:
                 objects.append(doc)
     return Rendered(objects=objects, notes=notes, files=out)
+
+
+@functools.cache
+def _chart():
+    """The chart loaded once per process (a native handle; rendering does not change it)."""
+    import helm_python
+
+    return helm_python.Chart.load(CHART)
 
 
 def _template_order(path: str) -> tuple[int, str]:

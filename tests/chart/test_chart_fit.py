@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ast
 import configparser
+import functools
 import importlib
 import importlib.util
 from pathlib import Path
@@ -19,7 +20,7 @@ import yaml
 
 from hami.config import load_config
 from hami.vendors import build_vendors
-from tests.chart.conftest import VALUE_SETS, rendered
+from tests.chart.conftest import rendered
 from tests.chart.render import NAMESPACE, ROOT, Rendered, render
 
 POD_KINDS = ("Deployment", "DaemonSet", "Job")
@@ -102,6 +103,7 @@ def named_port(c: dict, name: str) -> int:
     return p
 
 
+@functools.cache
 def routes(package: str) -> dict[str, set[str]]:
     """Paths each server package registers, by method: {"GET": {"/healthz", ...}, "POST": {...}}."""
     out: dict[str, set[str]] = {"GET": set(), "POST": set()}
@@ -172,7 +174,9 @@ def test_extender_extra_args_reach_the_parser() -> None:
 # -- ports and paths --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [{}, {"scheduler": {"extender": {"port": 9443}}}, {"scheduler": {"replicas": 3}}])
+@pytest.mark.parametrize(
+    "values", [{}, {"scheduler": {"extender": {"port": 9443}}}, {"scheduler": {"replicas": 3}}]
+)
 def test_extender_url_reaches_the_extenders_real_port(values: dict) -> None:
     r = render(values)
     cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler")["data"]["config.yaml"])
@@ -342,17 +346,64 @@ def test_a_renamed_vendor_resource_reaches_managed_resources() -> None:
 
 def test_overlapping_vendor_names_appear_once() -> None:
     # kube-scheduler refuses a duplicate managedResources name.
-    dup = managed(render({"devices": {"mthreads": {"customresources": ["nvidia.com/gpu", "mthreads.com/vgpu"]}}}))
+    dup = managed(
+        render({"devices": {"mthreads": {"customresources": ["nvidia.com/gpu", "mthreads.com/vgpu"]}}})
+    )
     assert dup.count("nvidia.com/gpu") == 1 and "mthreads.com/vgpu" in dup
 
 
-def test_every_value_set_in_conftest_renders_for_the_oldest_version() -> None:
-    # Value sets must not depend on capabilities newer than 1.23 (the chart's kubeVersion floor).
-    for name in VALUE_SETS:
-        assert rendered(name, "v1.23.0").find("Deployment")
+# -- the whole command line, as the container starts ------------------------------------------
 
 
-def test_chart_files_referenced_by_dockerfiles_exist() -> None:
-    for c in ("images/hami/certgen.py", "images/device-plugin/vgpu-init.sh"):
-        assert (ROOT / c).is_file(), c
-    assert Path(ROOT / "helm" / "hami" / "values.schema.json").is_file()
+def full_parse(command: str):
+    module = importlib.import_module(console_scripts()[command])
+    return getattr(module, "parse_args", None) or module.parse_options
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "container_name"),
+    [("Deployment", "hami-scheduler", "hami-scheduler-extender"), ("Deployment", "hami-webhook", "hami-webhook"),
+     ("DaemonSet", "hami-device-plugin", "hami-device-plugin"), ("DaemonSet", "hami-device-plugin", "hami-vgpu-monitor")],
+)  # fmt: skip
+def test_each_server_starts_from_its_rendered_command_line(
+    tmp_path: Path, kind: str, name: str, container_name: str
+) -> None:
+    """The server's own option parsing (flags > env > device config) accepts the container as rendered,
+    with the files its volumes provide: ConfigMaps written from the render, the TLS pair from certgen."""
+    r = render({"devicePlugin": {"deviceSplitCount": 7}})
+    spec, c = container(r, kind, name, container_name)
+    command = c["command"][0]
+    if command not in console_scripts() or importlib.util.find_spec(console_scripts()[command]) is None:
+        pytest.skip(f"{command} is not in the tree yet")
+    ca, cert, key = load_certgen().make_certificates(["hami-webhook.hami-system.svc"], validity_days=1)
+    secrets = {"hami-webhook-tls": {"tls.crt": cert.decode(), "tls.key": key.decode(), "ca.crt": ca.decode()}}
+    moved = {}
+    for m in c.get("volumeMounts", []):
+        [vol] = [v for v in spec["volumes"] if v["name"] == m["name"]]
+        if "configMap" in vol:
+            files = r.one("ConfigMap", vol["configMap"]["name"])["data"]
+        elif "secret" in vol:
+            files = secrets[vol["secret"]["secretName"]]
+        else:
+            continue
+        local = tmp_path / m["name"]
+        local.mkdir()
+        for fname, text in files.items():
+            (local / fname).write_text(text)
+        moved[m["mountPath"].rstrip("/")] = str(local)
+    argv = []
+    for a in c.get("args", []):
+        a = expand(a, c)
+        for mount, local in moved.items():
+            a = a.replace(f"={mount}/", f"={local}/")
+        argv.append(a)
+    env = {e["name"]: e.get("value", NODE if "valueFrom" in e else "") for e in c.get("env", [])}
+    try:
+        options = full_parse(command)(argv, env)
+    except SystemExit:
+        pytest.fail(f"{command} refuses {argv} with env {env}")
+    config = getattr(options, "device_config", None) or getattr(options, "config", None)
+    if config is not None and not isinstance(config, str):
+        assert config.nvidia.deviceSplitCount == 7, "the rendered device config was read"
+    if hasattr(options, "scheduler_name"):
+        assert options.scheduler_name == "hami-scheduler"

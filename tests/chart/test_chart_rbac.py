@@ -130,7 +130,10 @@ def scan(paths: list[str]) -> dict[Perm, list[str]]:
             literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if name == "Reflector" and literal:
                 res = literal[0]
-                add({(GROUPS.get(res, ""), res, "list"), (GROUPS.get(res, ""), res, "watch")}, f"{rel}:{node.lineno} Reflector")
+                add(
+                    {(GROUPS.get(res, ""), res, "list"), (GROUPS.get(res, ""), res, "watch")},
+                    f"{rel}:{node.lineno} Reflector",
+                )
             elif name == "LeaderElector":
                 add(LEADER_ELECTOR, f"{rel}:{node.lineno} LeaderElector")
             elif (
@@ -139,7 +142,8 @@ def scan(paths: list[str]) -> dict[Perm, list[str]]:
                 and any(w in ast.unparse(node.func.value) for w in ("kube", "client"))
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
-                and node.args[0].value in ("pods", "nodes", "events", "resourcequotas", "namespaces", "leases")
+                and node.args[0].value
+                in ("pods", "nodes", "events", "resourcequotas", "namespaces", "leases")
             ):
                 res = node.args[0].value
                 add({(GROUPS.get(res, ""), res, GENERIC[name])}, f"{rel}:{node.lineno} {name}({res!r})")
@@ -150,7 +154,9 @@ def rendered_rules(r, service_account: str) -> set[Perm]:
     """Every (group, resource, verb) the ServiceAccount gets through Roles/ClusterRoles of the chart."""
     perms: set[Perm] = set()
     for binding in r.find("ClusterRoleBinding") + r.find("RoleBinding"):
-        if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account for s in binding["subjects"]):
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == service_account for s in binding["subjects"]
+        ):
             continue
         ref = binding["roleRef"]
         roles = r.find(ref["kind"], ref["name"])
@@ -187,7 +193,9 @@ def test_table_matches_the_code(component: str) -> None:
 def test_rendered_rules_are_exactly_the_table(component: str) -> None:
     _paths, sa, table = CALLS[component]
     got = rendered_rules(rendered("defaults"), sa)
-    got = {p for p in got if p[1] != "leases"} if component == "extender" else got  # kube-scheduler's Lease below
+    got = (
+        {p for p in got if p[1] != "leases"} if component == "extender" else got
+    )  # kube-scheduler's Lease below
     assert got == set(table), {"extra": sorted(got - set(table)), "missing": sorted(set(table) - got)}
 
 
@@ -207,7 +215,8 @@ def test_kube_scheduler_gets_its_builtin_roles_and_its_own_lease() -> None:
     builtin = {
         b["roleRef"]["name"]
         for b in r.find("ClusterRoleBinding")
-        if any(s["name"] == "hami-scheduler" for s in b["subjects"]) and not r.find("ClusterRole", b["roleRef"]["name"])
+        if any(s["name"] == "hami-scheduler" for s in b["subjects"])
+        and not r.find("ClusterRole", b["roleRef"]["name"])
     }
     assert builtin == {"system:kube-scheduler", "system:volume-scheduler"}
     role = r.one("Role", "hami-scheduler")
@@ -226,12 +235,25 @@ def test_certgen_rules_are_named_objects_only() -> None:
     assert cluster_rule == {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
                             "resourceNames": ["hami-webhook"], "verbs": ["get", "patch"]}  # fmt: skip
     rules = r.one("Role", "hami-certgen")["rules"]
-    assert {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["hami-webhook-tls"], "verbs": ["get"]} in rules
-    assert r.find("ClusterRole", "hami-certgen") and rendered("cert-manager").find("ClusterRole", "hami-certgen") == []
+    assert {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": ["hami-webhook-tls"],
+        "verbs": ["get"],
+    } in rules
+    assert (
+        r.find("ClusterRole", "hami-certgen")
+        and rendered("cert-manager").find("ClusterRole", "hami-certgen") == []
+    )
 
 
 def test_switching_parts_off_removes_their_rights() -> None:
-    r = render({"scheduler": {"admissionWebhook": {"quotaCheck": False}}, "devicePlugin": {"monitor": {"enabled": False}}})
+    r = render(
+        {
+            "scheduler": {"admissionWebhook": {"quotaCheck": False}},
+            "devicePlugin": {"monitor": {"enabled": False}},
+        }
+    )
     assert r.find("ClusterRole", "hami-webhook") == []
     assert rendered_rules(r, "hami-device-plugin") == {
         ("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "patch"),

@@ -41,8 +41,11 @@ def test_the_strict_validator_rejects_an_unknown_field() -> None:
         validate(bad, "v1.23.0")
 
 
-@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
-@pytest.mark.parametrize("value_set", ["defaults", "ha", "second-vendor"])
+@pytest.mark.parametrize(
+    ("value_set", "kube_version"),
+    [("defaults", v) for v in KUBE_VERSIONS]
+    + [(s, "v1.30.0") for s in ("ha", "cert-manager", "second-vendor")],
+)
 def test_lint_strict_is_clean(value_set: str, kube_version: str) -> None:
     report = helm_python.lint(
         CHART, VALUE_SETS[value_set], strict=True, namespace=NAMESPACE, kube_version=kube_version
@@ -59,15 +62,25 @@ def test_lint_strict_reports_a_broken_value() -> None:
     ("values", "key"),
     [
         ({"scheduler": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "pack"}}}, "nodeSchedulerPolicy"),
-        ({"scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "spread,fast"}}}, "gpuSchedulerPolicy"),
+        (
+            {"scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "spread,fast"}}},
+            "gpuSchedulerPolicy",
+        ),
         ({"devicePlugin": {"deviceSplitCount": 0}}, "deviceSplitCount"),
         ({"devicePlugin": {"deviceMemoryScaling": -1}}, "deviceMemoryScaling"),
         ({"devicePlugin": {"deviceCoreScaling": 0}}, "deviceCoreScaling"),
         ({"devices": {"nvidai": {"enabled": True}}}, "nvidai"),
         ({"scheduler": {"admissionWebhook": {"failurePolicy": "ignore"}}}, "failurePolicy"),
     ],
-    ids=["nodeSchedulerPolicy", "gpuSchedulerPolicy", "deviceSplitCount", "deviceMemoryScaling",
-         "deviceCoreScaling", "unknown-vendor", "failurePolicy"],
+    ids=[
+        "nodeSchedulerPolicy",
+        "gpuSchedulerPolicy",
+        "deviceSplitCount",
+        "deviceMemoryScaling",
+        "deviceCoreScaling",
+        "unknown-vendor",
+        "failurePolicy",
+    ],
 )
 def test_schema_rejects_bad_values_naming_the_key(values: dict, key: str) -> None:
     with pytest.raises(helm_python.HelmValuesError, match=key):
@@ -85,7 +98,11 @@ def test_a_hami_values_file_passes_the_schema() -> None:
             "defaultSchedulerPolicy": {"nodeSchedulerPolicy": "spread", "gpuSchedulerPolicy": "binpack"},
             "admissionWebhook": {"failurePolicy": "Fail", "whitelistNamespaces": ["monitoring"]},
         },
-        "devicePlugin": {"deviceSplitCount": 4, "deviceMemoryScaling": 1.5, "nvidianodeSelector": {"gpu": "on"}},
+        "devicePlugin": {
+            "deviceSplitCount": 4,
+            "deviceMemoryScaling": 1.5,
+            "nvidianodeSelector": {"gpu": "on"},
+        },
         "devices": {"nvidia": {"gpuCorePolicy": "force"}, "mthreads": {"enabled": True}},
         "global": {"imageRegistry": "registry.example.com"},
     }
@@ -133,14 +150,18 @@ def test_scheduler_config_has_only_known_fields_and_the_extender(value_set: str,
     [("v1.29.11-eks-1234", "v1.29.11"), ("v1.30.2-gke.1587003", "v1.30.2"), ("v1.23.17", "v1.23.17"),
      ("v1.31.1+k3s1", "v1.31.1")],
 )  # fmt: skip
-def test_kube_scheduler_image_follows_the_cluster_without_provider_suffix(kube_version: str, tag: str) -> None:
+def test_kube_scheduler_image_follows_the_cluster_without_provider_suffix(
+    kube_version: str, tag: str
+) -> None:
     deploy = render(kube_version=kube_version).one("Deployment", "hami-scheduler")
     [ks] = [c for c in pod_spec(deploy)["containers"] if c["name"] == "kube-scheduler"]
     assert ks["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
 
 
 def test_kube_scheduler_tag_is_overridable() -> None:
-    deploy = render({"scheduler": {"kubeScheduler": {"image": {"tag": "v1.28.4"}}}}).one("Deployment", "hami-scheduler")
+    deploy = render({"scheduler": {"kubeScheduler": {"image": {"tag": "v1.28.4"}}}}).one(
+        "Deployment", "hami-scheduler"
+    )
     assert pod_spec(deploy)["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.28.4"
 
 
@@ -175,9 +196,14 @@ def test_ha_turns_on_leader_election_pdb_and_anti_affinity() -> None:
         assert pdb["spec"]["minAvailable"] == 1
         target = r.one("Deployment", name)
         assert pdb["spec"]["selector"]["matchLabels"] == target["spec"]["selector"]["matchLabels"]
-        term = pod_spec(target)["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        term = pod_spec(target)["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ][0]
         assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-        assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == target["spec"]["selector"]["matchLabels"]
+        assert (
+            term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+            == target["spec"]["selector"]["matchLabels"]
+        )
     # --leader-elect=false, replicas 1: no election at all.
     cfg = scheduler_config(render({"scheduler": {"leaderElect": False}}))
     assert cfg["leaderElection"]["leaderElect"] is False
@@ -198,7 +224,9 @@ def test_scheduler_pod_probes_labels_and_priority() -> None:
 def test_every_pod_of_ours_is_ignored_by_the_webhook(value_set: str) -> None:
     for o in rendered(value_set).objects:
         if o["kind"] in POD_KINDS:
-            assert o["spec"]["template"]["metadata"]["labels"]["hami.io/webhook"] == "ignore", o["metadata"]["name"]
+            assert o["spec"]["template"]["metadata"]["labels"]["hami.io/webhook"] == "ignore", o["metadata"][
+                "name"
+            ]
 
 
 def test_webhook_configuration() -> None:
@@ -260,7 +288,9 @@ def test_default_certificates_come_from_our_hook_jobs() -> None:
     assert patch["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     for kind in ("ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"):
         hook = r.one(kind, "hami-certgen")["metadata"]["annotations"]
-        assert int(hook["helm.sh/hook-weight"]) < int(create["metadata"]["annotations"]["helm.sh/hook-weight"])
+        assert int(hook["helm.sh/hook-weight"]) < int(
+            create["metadata"]["annotations"]["helm.sh/hook-weight"]
+        )
     args = pod_spec(create)["containers"][0]["args"]
     assert "--secret-name=hami-webhook-tls" in args
     hosts = next(a for a in args if a.startswith("--hosts=")).split("=", 1)[1].split(",")
@@ -317,7 +347,9 @@ def test_device_plugin_daemonset() -> None:
     spec = pod_spec(ds)
     assert spec["nodeSelector"] == {"gpu": "on"}
     assert spec["hostPID"] is True, "the monitor reads the host's /proc"
-    no_monitor = pod_spec(render({"devicePlugin": {"monitor": {"enabled": False}}}).one("DaemonSet", "hami-device-plugin"))
+    no_monitor = pod_spec(
+        render({"devicePlugin": {"monitor": {"enabled": False}}}).one("DaemonSet", "hami-device-plugin")
+    )
     assert no_monitor["hostPID"] is False and len(no_monitor["containers"]) == 1
     names = [c["name"] for c in spec["containers"]]
     assert names == ["hami-device-plugin", "hami-vgpu-monitor"]
@@ -326,7 +358,11 @@ def test_device_plugin_daemonset() -> None:
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["name"]: m["mountPath"] for m in dp["volumeMounts"]}
-    assert volumes["device-plugin"]["hostPath"]["path"] == mounts["device-plugin"] == "/var/lib/kubelet/device-plugins"
+    assert (
+        volumes["device-plugin"]["hostPath"]["path"]
+        == mounts["device-plugin"]
+        == "/var/lib/kubelet/device-plugins"
+    )
     assert volumes["vgpu"]["hostPath"] == {"path": "/usr/local/vgpu", "type": "DirectoryOrCreate"}
     assert mounts["vgpu"] == "/usr/local/vgpu"
     [init] = spec["initContainers"]

@@ -46,7 +46,7 @@ def test_every_value_is_documented() -> None:
     undocumented = [k for k in leaves(yaml.safe_load(text)) if k not in documented]
     assert not undocumented, f"values without a '# --' comment: {undocumented}"
     doc = (ROOT / "docs" / "install.md").read_text()
-    assert "| `scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy` | `\"binpack\"` |" in doc
+    assert '| `scheduler.defaultSchedulerPolicy.nodeSchedulerPolicy` | `"binpack"` |' in doc
 
 
 @pytest.mark.parametrize("kube_version", ["v1.25.0", "v1.28.0", "v1.33.0"])
@@ -54,7 +54,9 @@ def test_static_manifests_validate(kube_version: str) -> None:
     objects = [o for o in yaml.safe_load_all((ROOT / "deploy" / "hami.yaml").read_text()) if o]
     assert objects[0] == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "hami-system"}}
     assert all(validate(o, kube_version) for o in objects)
-    assert not any(k.startswith("helm.sh/") for o in objects for k in (o["metadata"].get("annotations") or {}))
+    assert not any(
+        k.startswith("helm.sh/") for o in objects for k in (o["metadata"].get("annotations") or {})
+    )
     # The same objects as the chart renders (less Helm's bookkeeping), nothing hand-edited.
     names = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in objects[1:])
     assert names == sorted(render(kube_version="v1.25.0").names())

@@ -94,7 +94,12 @@ def test_dockerfile_parses_and_names_existing_files(dockerfile: Path) -> None:
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.parent.name)
 def test_dockerfile_installs_the_project_like_pip_install_dot(dockerfile: Path) -> None:
     instrs = parse(dockerfile)
-    copied = {Path(s).as_posix().rstrip("/") for sources, _d, stage in copies(instrs) if stage is None for s in sources}
+    copied = {
+        Path(s).as_posix().rstrip("/")
+        for sources, _d, stage in copies(instrs)
+        if stage is None
+        for s in sources
+    }
     # Everything setuptools reads for `pip install .`: the metadata files and every package it finds.
     needed = {"setup.cfg", "pyproject.toml", "README.md", "LICENSE", *packages()}
     assert needed <= copied, f"missing from the build context: {sorted(needed - copied)}"
@@ -102,7 +107,9 @@ def test_dockerfile_installs_the_project_like_pip_install_dot(dockerfile: Path) 
     assert installs, "no pip install"
     words = shlex.split(installs[0])
     assert "." in words[words.index("install") :], installs[0]
-    assert not any(w in ("-e", "--editable") for w in words), "an image installs a wheel, not an editable tree"
+    assert not any(w in ("-e", "--editable") for w in words), (
+        "an image installs a wheel, not an editable tree"
+    )
     # Every quoted requirement survives the shell (an unquoted ">=" would be a redirection).
     assert ">" not in installs[0].replace("'cryptography>=41'", "")
 
@@ -215,12 +222,17 @@ def test_certgen_creates_a_serving_certificate_signed_by_its_ca() -> None:
 
     cg, api = certgen(), FakeApi()
     hosts = "hami-webhook,hami-webhook.hami-system.svc"
-    assert cg.main(["create", "--namespace", "hami-system", "--secret-name", "tls", "--hosts", hosts], api=api) == 0
+    assert (
+        cg.main(["create", "--namespace", "hami-system", "--secret-name", "tls", "--hosts", hosts], api=api)
+        == 0
+    )
     data = api.secrets[("hami-system", "tls")]["data"]
     assert api.secrets[("hami-system", "tls")]["type"] == "kubernetes.io/tls"
     cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
     ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
     assert sans == ["hami-webhook", "hami-webhook.hami-system.svc"]
     cert.verify_directly_issued_by(ca)
     assert (cert.not_valid_after_utc - cert.not_valid_before_utc).days >= 3650
@@ -242,7 +254,9 @@ def test_certgen_patch_sets_the_ca_on_every_webhook() -> None:
                                 {"name": "b", "clientConfig": {"caBundle": "b2xk"}}]})  # fmt: skip
     cg.create(api, namespace="ns", secret_name="tls", hosts=["s.ns.svc"], validity_days=1)
     ca = api.secrets[("ns", "tls")]["data"]["ca.crt"]
-    code = cg.main(["patch", "--namespace", "ns", "--secret-name", "tls", "--webhook-name", "hami-webhook"], api=api)
+    code = cg.main(
+        ["patch", "--namespace", "ns", "--secret-name", "tls", "--webhook-name", "hami-webhook"], api=api
+    )
     assert code == 0
     assert [w["clientConfig"]["caBundle"] for w in api.webhooks["hami-webhook"]["webhooks"]] == [ca, ca]
     assert api.webhooks["hami-webhook"]["webhooks"][0]["clientConfig"]["service"] == {"name": "s"}
@@ -256,5 +270,8 @@ def test_certgen_patch_waits_for_the_configuration_then_gives_up(capsys) -> None
         cg.patch(api, namespace="ns", secret_name="tls", webhook_name="hami-webhook", wait_s=0.01,
                  sleep=lambda s: (slept.append(s), __import__("time").sleep(0.01)))  # fmt: skip
     assert api.reads >= 2 and slept
-    assert cg.main(["patch", "--namespace", "ns", "--secret-name", "absent", "--webhook-name", "w"], api=api) == 1
+    assert (
+        cg.main(["patch", "--namespace", "ns", "--secret-name", "absent", "--webhook-name", "w"], api=api)
+        == 1
+    )
     assert "no ca.crt" in capsys.readouterr().err
