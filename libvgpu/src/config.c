@@ -124,6 +124,18 @@ int vgpu_config_parse(const char *text, size_t len, char *why, size_t wn) {
         entries[slot].value[vl] = 0;
     }
     if (!seen_magic) { snprintf(why, wn, "no '%s %d' header", CONFIG_MAGIC, CONFIG_MAJOR); goto bad; }
+    /* The plugin always writes both: a file without them was cut or altered. */
+    static const char *const required[] = {"CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE"};
+    for (unsigned q = 0; q < 2; q++) {
+        int found = 0;
+        for (int k = 0; k < nentries; k++) if (!strncmp(entries[k].name, required[q], strlen(required[q]))) found = 1;
+        if (!found) { snprintf(why, wn, "no %s", required[q]); goto bad; }
+    }
+    for (int k = 0; k < nentries; k++)
+        if (!strcmp(entries[k].name, "CUDA_DEVICE_MEMORY_SHARED_CACHE") && entries[k].value[0] != '/') {
+            snprintf(why, wn, "CUDA_DEVICE_MEMORY_SHARED_CACHE is not an absolute path");
+            goto bad;
+        }
     return 0;
 bad:
     nentries = 0;
@@ -177,13 +189,18 @@ const char *vgpu_config_path(void) {
     return config_file;
 }
 
-const char *vgpu_getenv(const char *name) {
-    const char *v = getenv(name);
-    if (v) return v;
+static const char *env_value(const char *name) { return getenv(name); }
+
+static const char *file_value(const char *name) {
     if (vgpu_config_state() != VGPU_CONFIG_OK) return NULL;
     for (int i = 0; i < nentries; i++)
         if (!strcmp(entries[i].name, name)) return entries[i].value;
     return NULL;
+}
+
+const char *vgpu_getenv(const char *name) {
+    const char *v = getenv(name);
+    return v ? v : file_value(name);
 }
 
 extern char **environ;
@@ -243,23 +260,31 @@ int vgpu_parse_percent(const char *s, uint32_t *out) {
     return 0;
 }
 
-/* Returns the value of NAME_<i>, else NAME, else NULL; *which names the variable used. */
+/* Returns the value of NAME_<i>, else NAME - from the environment, else from the config file -
+ * or NULL; *which names the variable used. The environment as a whole comes first, so a
+ * container's own NAME is not overridden by the file's NAME_<i>. */
 static const char *env_for(const char *base, int phys, char *which, size_t wn) {
     char name[96];
     snprintf(name, sizeof name, "%s_%d", base, phys);
-    const char *v = vgpu_getenv(name);
-    if (v) {
-        snprintf(which, wn, "%s", name);
-        return v;
+    const char *(*const sources[2])(const char *) = {env_value, file_value};
+    for (int src = 0; src < 2; src++) {
+        const char *v = sources[src](name);
+        if (v) { snprintf(which, wn, "%s", name); return v; }
+        v = sources[src](base);
+        if (v) { snprintf(which, wn, "%s", base); return v; }
     }
-    snprintf(which, wn, "%s", base);
-    return vgpu_getenv(base);
+    return NULL;
 }
 
 uint64_t vgpu_mem_limit_for(int phys) {
     char which[96];
     const char *v = env_for("CUDA_DEVICE_MEMORY_LIMIT", phys, which, sizeof which);
     if (!v && vgpu_config_state() == VGPU_CONFIG_BROKEN) return 0; /* logged when the file was read */
+    if (!v && vgpu_config_state() == VGPU_CONFIG_OK) {
+        VLOG(VLOG_ERROR, "no memory limit for device %d in config file %s; device %d memory limit set to 0 "
+             "(fail closed)", phys, config_file, phys);
+        return 0;
+    }
     if (!v) {
         static int warned;
         if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED) && vgpu_config_state() == VGPU_CONFIG_NONE)

@@ -115,6 +115,11 @@ static void exit_handler(void) {
 
 static void open_region(void) {
     const char *path = vgpu_getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    if ((!path || !*path) && vgpu_config_state() == VGPU_CONFIG_BROKEN) {
+        /* not the node-wide default file: its devices may carry another process's (or no) limit */
+        use_private("the config file is malformed", DEFAULT_CACHE);
+        return;
+    }
     if (!path || !*path) path = DEFAULT_CACHE;
     snprintf(region_path, sizeof region_path, "%s", path);
     mode_t old = umask(0);

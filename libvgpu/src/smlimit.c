@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "card.h"
 #include "config.h"
 #include "devmap.h"
 #include "log.h"
@@ -39,11 +40,14 @@
 int vgpu_sm_state = SM_UNKNOWN;
 static uint64_t slice_ns = 250000000ull;
 static int idle_mode;
+static uint32_t priority_floor = 10; /* percent a low-priority tenant keeps while a high one works */
+static int my_priority = 1;
 
 #define MAX_GAPS 16
 typedef struct {
     pthread_mutex_t mu;
     uint64_t slice_start; /* 0 = no slice open */
+    uint64_t v_open;      /* the card region's fair clock when the slice opened */
     /* Idle gaps of the open slice: a synchronisation returned, then the next launch came. */
     int ngaps;
     uint64_t gap_start[MAX_GAPS], gap_len[MAX_GAPS];
@@ -57,7 +61,15 @@ static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
 
 static void sm_setup(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&pacers[i].mu, NULL);
-    int any = vgpu_config_has_prefix("CUDA_DEVICE_SM_LIMIT");
+    my_priority = vgpu_task_priority();
+    /* A high-priority tenant on a shared card publishes its activity even without a limit of
+     * its own, so that low-priority neighbours step back while it works. */
+    const char *card_dir = vgpu_getenv("LIBVGPU_CARD_DIR");
+    int any = vgpu_config_has_prefix("CUDA_DEVICE_SM_LIMIT") || (my_priority == 0 && card_dir && *card_dir);
+    const char *fl = vgpu_getenv("LIBVGPU_PRIORITY_FLOOR");
+    uint32_t floor_pct;
+    if (fl && vgpu_parse_percent(fl, &floor_pct) == 0 && floor_pct > 0) priority_floor = floor_pct;
+    else if (fl) VLOG(VLOG_ERROR, "LIBVGPU_PRIORITY_FLOOR='%s' is not a percent 1..100; using 10", fl);
     int policy = vgpu_sm_policy();
     idle_mode = policy != SM_POLICY_FORCE && vgpu_sm_idle_mode();
     const char *s = vgpu_getenv("LIBVGPU_SM_SLICE_MS");
@@ -66,6 +78,12 @@ static void sm_setup(void) {
     if (state == SM_ACTIVE) VLOG(VLOG_INFO, "compute limiter on (slice %llu ms, %s)",
                                  (unsigned long long)(slice_ns / 1000000), idle_mode ? "idle-time mode" : "hard cap");
     __atomic_store_n(&vgpu_sm_state, state, __ATOMIC_RELEASE);
+}
+
+/* Caller holds pc->mu. */
+static void open_slice(int rdev, pacer_t *pc, uint64_t now) {
+    pc->v_open = vgpu_card_slice_open(rdev);
+    __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
 }
 
 static void sleep_until(uint64_t t) {
@@ -161,7 +179,13 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
     uint64_t gaps = pc->ngaps && only_user_of(rdev) ? gaps_within(pc, from, end) : 0;
     uint64_t busy = window > gaps ? window - gaps : 0;
     pc->ngaps = 0;
-    uint32_t p = d->sm_limit;
+    /* On a shared card, only this tenant's share of the slice's time is its own busy time. */
+    uint64_t closed = vgpu_now_ns(), wall = closed > start ? closed - start : 0;
+    uint64_t fair = vgpu_card_slice_close(rdev, pc->v_open, busy);
+    if (fair != UINT64_MAX && wall && fair < wall) busy = (uint64_t)((double)busy * (double)fair / (double)wall);
+    vgpu_card_charge(rdev, busy);
+    uint32_t p = d->sm_limit == 0 ? 100 : d->sm_limit;
+    if (p > priority_floor && vgpu_card_high_priority_active(rdev)) p = priority_floor;
     uint64_t need = busy * 100 / p; /* wall time this busy time may span */
     uint64_t idle = need > window ? need - window : 0;
     if (idle_mode && idle && alone_on_device(d)) idle = 0;
@@ -183,7 +207,7 @@ void vgpu_sm_before_launch(void *stream) {
     int rdev = vgpu_current_rdev();
     if (rdev < 0 || !vgpu_region) return;
     vgpu_device_t *d = &vgpu_region->devices[rdev];
-    if (d->sm_limit >= 100 || d->sm_limit == 0) return;
+    if ((d->sm_limit >= 100 || d->sm_limit == 0) && !(my_priority == 0 && vgpu_card_attach(rdev) == 0)) return;
     while (atomic_load(&vgpu_region->blocked)) { /* a node agent holds this container back */
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
@@ -201,7 +225,7 @@ void vgpu_sm_before_launch(void *stream) {
         if (start) close_slice(rdev, d, pc, now, (CUstream)stream, 1, prev_launch);
     } else if (start == 0) {
         pthread_mutex_lock(&pc->mu);
-        if (pc->slice_start == 0) __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
+        if (pc->slice_start == 0) open_slice(rdev, pc, now);
         pthread_mutex_unlock(&pc->mu);
         return;
     } else if (now - start < slice_ns) {
@@ -217,7 +241,7 @@ void vgpu_sm_before_launch(void *stream) {
         now = vgpu_now_ns();
     }
     pthread_mutex_lock(&pc->mu);
-    if (pc->slice_start == 0) __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
+    if (pc->slice_start == 0) open_slice(rdev, pc, now);
     pthread_mutex_unlock(&pc->mu);
 }
 

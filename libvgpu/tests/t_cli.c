@@ -308,6 +308,11 @@ int main(int argc, char **argv) {
             void *h = dlopen(!strcmp(op, "dlsym") ? "libcuda.so.1" : "libnvidia-ml.so.1", RTLD_NOW);
             void *fn = h ? dlsym(h, ARG(1)) : NULL; i++;
             OUT("%s %s", op, where(fn));
+        } else if (!strcmp(op, "dlvsym")) {
+            /* dlvsym <name> <version>: the versioned lookup door through a libcuda handle */
+            void *h = dlopen("libcuda.so.1", RTLD_NOW);
+            void *fn = h ? dlvsym(h, ARG(1), ARG(2)) : NULL; i += 2;
+            OUT("dlvsym %s", where(fn));
         } else if (!strcmp(op, "dlsym_default")) {
             OUT("dlsym_default %s", where(dlsym(RTLD_DEFAULT, ARG(1)))); i++;
         } else if (!strcmp(op, "dlsym_next")) {

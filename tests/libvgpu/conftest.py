@@ -73,6 +73,7 @@ class Cli:
         self.tmp = tmp
         self.cache = tmp / "vgpu.cache"
         self.state = tmp / "fakegpu.state"
+        self.lib = build / "libvgpu.so"  # what LD_PRELOAD names; tests may point it at a copy
 
     def env(self, extra: dict[str, str] | None = None, *, preload: bool = True) -> dict[str, str]:
         env = {
@@ -87,7 +88,7 @@ class Cli:
             LIBCUDA_LOG_LEVEL="2",
         )
         if preload:
-            env["LD_PRELOAD"] = str(self.build / "libvgpu.so")
+            env["LD_PRELOAD"] = str(self.lib)
         env.update(extra or {})
         return env
 
@@ -104,6 +105,30 @@ class Cli:
         self, *ops: str, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 20
     ) -> Result:
         p = self.popen(*ops, env=env, preload=preload)
+        out, err = p.communicate(timeout=timeout)
+        return parse(p.returncode, out, err)
+
+
+    def install(self, where: Path, config: str | bytes | None = None, lib: Path | None = None) -> Path:
+        """Copies libvgpu.so (or `lib`) into `where`, with `config` as vgpu.config beside it (as
+        the device plugin mounts them); LD_PRELOAD then names the copy. Returns the copy."""
+        where.mkdir(parents=True, exist_ok=True)
+        self.lib = where / "libvgpu.so"
+        shutil.copy(lib or self.build / "libvgpu.so", self.lib)
+        if config is not None:
+            cfg = where / "vgpu.config"
+            cfg.write_bytes(config.encode() if isinstance(config, str) else config)
+        return self.lib
+
+    def run_clean(self, *ops: str, extra: dict[str, str] | None = None, timeout: float = 20) -> Result:
+        """Runs t_cli as `env -i` would: only the loader's variables (LD_PRELOAD stands for
+        /etc/ld.so.preload, LD_LIBRARY_PATH for the driver's location) and `extra`."""
+        env = {"LD_PRELOAD": str(self.lib), "LD_LIBRARY_PATH": str(self.build / "fake"),
+               "FAKE_GPU_STATE": str(self.state), **(extra or {})}  # fmt: skip
+        p = subprocess.Popen(
+            [str(self.build / "tests" / "t_cli"), *ops], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, errors="backslashreplace",  # logs may echo raw file bytes
+        )  # fmt: skip
         out, err = p.communicate(timeout=timeout)
         return parse(p.returncode, out, err)
 

@@ -95,3 +95,13 @@ def test_only_entry_points_are_exported(built):
     names = {ln.split()[-1] for ln in out.splitlines() if ln.strip()}
     assert "dlsym" in names and "cuMemAlloc_v2" in names and "nvmlDeviceGetMemoryInfo" in names
     assert {n for n in names if not (n.startswith(("cu", "nvml")) or n in ("dlsym", "dlvsym"))} == set()
+
+
+def test_dlvsym_door_hands_out_the_wrapper(cli):
+    # The fake driver versions its symbols FAKE_CUDA_1 (tests/fake_cuda.map); a versioned lookup
+    # of a hooked name is swapped for our hook like dlsym's, other names and versions are not.
+    r = cli.run("init", "dlvsym", "cuMemAlloc_v2", "FAKE_CUDA_1", "dlvsym", "cuDeviceGet", "FAKE_CUDA_1",
+                "dlvsym", "cuMemAlloc_v2", "OTHER_1")  # fmt: skip
+    assert r.op(1) == ["dlvsym", "libvgpu.so:cuMemAlloc_v2"]
+    assert r.op(2) == ["dlvsym", "libcuda.so.1:cuDeviceGet"]  # not hooked: the driver's own
+    assert r.op(3) == ["dlvsym", "NULL"]  # no such version: the real answer, untouched

@@ -1,0 +1,151 @@
+"""The read-only config file beside the library: a process started with a scrubbed environment
+(env -i, sshd, cron, a supervisor) is limited by it, shares the container's accounting, the
+environment still wins where it speaks, and no malformed file crashes the library or leaves a
+process unlimited."""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from .conftest import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB
+from .region import read_region
+from .test_multiproc import wait_line
+
+UNLIMITED = (1 << 64) - 1
+
+
+def config(cache, limit="64m", sm="0", extra="") -> str:
+    return (
+        "# written by the HAMi device plugin\n"
+        "vgpu-config 1\n"
+        f"CUDA_DEVICE_MEMORY_LIMIT_0={limit}\n"
+        f"CUDA_DEVICE_SM_LIMIT={sm}\n"
+        f"CUDA_DEVICE_MEMORY_SHARED_CACHE={cache}\n"
+        "CUDA_TASK_PRIORITY=1\n" + extra
+    )
+
+
+def test_scrubbed_environment_is_limited_by_the_file(cli):
+    cli.install(cli.tmp / "vgpu", config(cli.cache))
+    r = cli.run_clean("init", "meminfo", "alloc", "65m", "alloc", "64m", "alloc", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.op(1) == ["meminfo", "0", str(64 * MIB), str(64 * MIB)]
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert "NOT limited" not in r.stderr
+
+
+def test_scrubbed_child_shares_the_containers_accounting(cli):
+    cli.install(cli.tmp / "vgpu", config(cli.cache))
+    # the container's main process: limits from the environment (as the device plugin sets them)
+    holder = cli.popen("init", "alloc", "40m", "hold", env={"CUDA_DEVICE_MEMORY_LIMIT_0": "64m"})
+    try:
+        wait_line(holder, "hold")
+        r = cli.run_clean("init", "alloc", "30m", "alloc", "24m")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+
+
+def test_environment_wins_over_the_file(cli):
+    cli.install(cli.tmp / "vgpu", config(cli.cache, limit="64m"))
+    r = cli.run("init", "alloc", "33m", "alloc", "32m", env={"CUDA_DEVICE_MEMORY_LIMIT": "32m"})
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+
+
+def test_no_environment_no_file_is_unlimited_and_says_so_once(cli):
+    cli.install(cli.tmp / "vgpu")  # no vgpu.config beside it
+    r = cli.run_clean("init", "alloc", "1000m", "alloc", "1m")
+    assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_SUCCESS]
+    warn = [ln for ln in r.stderr.splitlines() if "NOT limited" in ln]
+    assert len(warn) == 1 and str(cli.tmp / "vgpu" / "vgpu.config") in warn[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (b"", "no 'vgpu-config 1' header"),
+        (b"CUDA_DEVICE_MEMORY_LIMIT_0=64m\n", "expected 'vgpu-config 1'"),
+        (b"vgpu-config 2\nCUDA_DEVICE_MEMORY_LIMIT_0=64m\n", "format version 2, this library reads 1"),
+        (b"vgpu-config 1\nCUDA_DEVICE_MEMORY_LIMIT_0 64m\n", "line 2: expected NAME=VALUE"),
+        (b"vgpu-config 1\nCUDA_DEVICE_MEMORY_LIMIT_0=64m\x00\n", "line 2 holds a NUL byte"),
+        (b"vgpu-config 1\ncuda_device_memory_limit_0=64m\n", "line 2: bad variable name"),
+        (b"vgpu-config 1\nCUDA_DEVICE_MEMORY_LIMIT_0=" + b"9" * 600 + b"\n", "name or value too long"),
+        (b"vgpu-config 1\n" + b"# padding\n" * 7000, "larger than 65536 bytes"),
+        (b"vgpu-config 1\nCUDA_TASK_PRIORITY=1\n", "no CUDA_DEVICE_MEMORY_LIMIT"),
+    ],
+    ids=["empty", "no-header", "future-version", "no-equals", "nul", "lower-case", "long-value", "huge",
+         "no-memory-limit"],
+)  # fmt: skip
+def test_malformed_file_fails_closed_with_one_reason(cli, text, why):
+    cli.install(cli.tmp / "vgpu", text)
+    r = cli.run_clean("init", "alloc", "1", "meminfo")
+    assert r.returncode == 0
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
+    errors = r.error_lines()
+    assert errors and "is malformed" in errors[0] and why in errors[0], r.stderr
+    assert "fail closed" in errors[0]
+
+
+def test_file_without_this_devices_limit_fails_closed_for_it(cli):
+    text = config(cli.cache).replace("CUDA_DEVICE_MEMORY_LIMIT_0=64m", "CUDA_DEVICE_MEMORY_LIMIT_1=64m")
+    cli.install(cli.tmp / "vgpu", text)
+    r = cli.run_clean("init", "alloc", "1", extra={"FAKE_GPU_COUNT": "2"})
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
+    assert "no memory limit for device 0 in config file" in r.error_lines()[0]
+
+
+def _mutations(base: bytes, n: int, seed: int):
+    rng = random.Random(seed)
+    lines = base.split(b"\n")
+    for _ in range(n):
+        b = bytearray(base)
+        how = rng.randrange(7)
+        if how == 0:  # flip bytes
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+        elif how == 1:  # truncate
+            b = b[: rng.randrange(len(b))]
+        elif how == 2:  # insert garbage
+            i = rng.randrange(len(b))
+            b[i:i] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+        elif how == 3:  # drop a line
+            ls = list(lines)
+            del ls[rng.randrange(len(ls))]
+            b = bytearray(b"\n".join(ls))
+        elif how == 4:  # duplicate a line with another value
+            ls = list(lines)
+            ls.insert(rng.randrange(len(ls)), b"CUDA_DEVICE_MEMORY_LIMIT_0=" + str(rng.randrange(10**6)).encode())
+            b = bytearray(b"\n".join(ls))
+        elif how == 5:  # CRLF and stray spaces
+            b = bytearray(bytes(b).replace(b"\n", b"\r\n").replace(b"=", b" = ", rng.randint(0, 1)))
+        else:  # a very long line
+            b += b"X" * rng.randrange(1, 100000)
+        yield bytes(b)
+
+
+def test_fuzzed_files_never_crash_and_never_go_unlimited(cli):
+    base = config(cli.cache).encode()
+    checked = 0
+    for i, text in enumerate(_mutations(base, 60, seed=16)):
+        cli.install(cli.tmp / f"v{i}", text)
+        cli.cache.unlink(missing_ok=True)  # each file starts a fresh container
+        r = cli.run_clean("init", "alloc", "1", "meminfo", extra={"LIBCUDA_LOG_LEVEL": "3"})
+        assert r.returncode == 0 and r.lines and r.lines[0][0] == "init", (text, r.stderr)
+        mapped = re.findall(r"shared region (.+) mapped", r.stderr)
+        if r.codes("alloc") == [CUDA_SUCCESS]:
+            # the allocation passed, so a limit above 1 byte holds: it must not be "no limit"
+            if mapped:  # the region file as the container shares it
+                limit = read_region(Path(mapped[0])).devices[0].limit_bytes
+            else:  # a private region (the mutated cache path was unusable): its one registration line
+                (limit,) = (int(m) for m in re.findall(r"limit (\d+) bytes, sm", r.stderr))
+            assert limit not in (0, UNLIMITED), (text, r.stderr)
+            checked += 1
+        for m in mapped:  # a mutated cache path may point outside tmp_path: leave nothing behind
+            if not Path(m).is_relative_to(cli.tmp):
+                Path(m).unlink(missing_ok=True)
+    assert checked >= 5  # some mutations keep a readable file: those must still be limited

@@ -1,0 +1,77 @@
+"""The portable builds (make -C libvgpu portable, zig cc for glibc 2.17): for x86_64 and aarch64,
+no symbol bound to a glibc version newer than 2.17, no C++ runtime, only the C library's own
+objects needed; and the x86_64 build enforces limits in the CPU harness like the host build."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from .conftest import BUILD, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, LIBVGPU, MIB
+from .test_config_file import config
+
+TARGETS = {"x86_64-linux-gnu.2.17": "Advanced Micro Devices X86-64", "aarch64-linux-gnu.2.17": "AArch64"}
+ALLOWED_NEEDED = {"libc.so.6", "libpthread.so.0", "libdl.so.2"}
+
+
+@pytest.fixture(scope="module")
+def portable(built):
+    if importlib.util.find_spec("ziglang") is None:
+        pytest.skip("the portable builds need zig: pip install ziglang (in the test extras)")
+    if not shutil.which("readelf"):
+        pytest.skip("readelf (binutils) not installed")
+    r = subprocess.run(["make", "-s", "-C", str(LIBVGPU), "portable"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"make -C libvgpu portable failed:\n{r.stdout}{r.stderr}", pytrace=False)
+    return {t: BUILD / t / "libvgpu.so" for t in TARGETS}
+
+
+def readelf(*args: str) -> str:
+    return subprocess.run(["readelf", "-W", *args], check=True, capture_output=True, text=True).stdout
+
+
+def versions(lib) -> set[str]:
+    """Every symbol version the library's dynamic symbols are bound to (readelf --dyn-syms)."""
+    return set(re.findall(r"@@?([A-Z][A-Z_]*[0-9][0-9.]*)", readelf("--dyn-syms", str(lib))))
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_no_symbol_newer_than_glibc_2_17_and_no_cxx_runtime(portable, target):
+    lib = portable[target]
+    assert TARGETS[target] in readelf("-h", str(lib))
+    vers = versions(lib)
+    glibc = {v for v in vers if v.startswith("GLIBC_")}
+    assert glibc, vers  # the check reads real bindings (dlopen, pthread_once, ...)
+    newest = max(tuple(int(x) for x in v[6:].split(".")) for v in glibc)
+    assert newest <= (2, 17), sorted(glibc)
+    assert vers == glibc, f"non-glibc versions (C++ runtime, libgcc): {sorted(vers - glibc)}"
+    needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", readelf("-d", str(lib))))
+    assert needed <= ALLOWED_NEEDED, needed
+    exported = {ln.split()[-1] for ln in readelf("--dyn-syms", str(lib)).splitlines()
+                if " DEFAULT " in ln and " UND " not in ln and "FUNC" in ln}  # fmt: skip
+    assert {"cuMemAlloc_v2", "cuLaunchKernel", "dlsym", "dlvsym", "nvmlDeviceGetMemoryInfo"} <= exported
+
+
+def test_objdump_agrees_on_x86_64(portable):
+    if not shutil.which("objdump"):
+        pytest.skip("objdump (binutils) not installed")
+    out = subprocess.run(["objdump", "-T", str(portable["x86_64-linux-gnu.2.17"])], check=True,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    found = set(re.findall(r"\(?(GLIBC_[0-9.]+)\)?", out))
+    assert found and max(tuple(int(x) for x in v[6:].split(".")) for v in found) <= (2, 17), sorted(found)
+    assert "GLIBCXX" not in out and "CXXABI" not in out
+
+
+def test_x86_64_portable_build_enforces_limits(cli, portable):
+    cli.install(cli.tmp / "vgpu", config(cli.cache), lib=portable["x86_64-linux-gnu.2.17"])
+    r = cli.run_clean("init", "meminfo", "alloc", "65m", "alloc", "60m", "dlsym_alloc", "5m", "dlvsym",
+                      "cuMemAlloc_v2", "FAKE_CUDA_1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.op(1) == ["meminfo", "0", str(64 * MIB), str(64 * MIB)]
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+    assert r.codes("dlsym_alloc") == [CUDA_ERROR_OUT_OF_MEMORY]  # door B still hooked
+    assert r.op(5) == ["dlvsym", "libvgpu.so:cuMemAlloc_v2"]  # the real dlvsym found by ELF lookup
