@@ -175,7 +175,9 @@ def test_extender_extra_args_reach_the_parser() -> None:
 
 
 @pytest.mark.parametrize(
-    "values", [{}, {"scheduler": {"extender": {"port": 9443}}}, {"scheduler": {"replicas": 3}}]
+    "values",
+    [{}, {"scheduler": {"extender": {"port": 9443}}}, {"scheduler": {"replicas": 3}}],
+    ids=["defaults", "extender-port", "replicas-3"],
 )
 def test_extender_url_reaches_the_extenders_real_port(values: dict) -> None:
     r = render(values)

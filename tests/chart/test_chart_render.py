@@ -158,6 +158,12 @@ def test_kube_scheduler_image_follows_the_cluster_without_provider_suffix(
     assert ks["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
 
 
+def test_clusters_before_1_23_are_refused() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="needs 1.23 or later"):
+        render(kube_version="v1.22.9")
+    assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.23.0-0"
+
+
 def test_kube_scheduler_tag_is_overridable() -> None:
     deploy = render({"scheduler": {"kubeScheduler": {"image": {"tag": "v1.28.4"}}}}).one(
         "Deployment", "hami-scheduler"
