@@ -207,6 +207,7 @@ def test_flag_beats_environment_beats_default():
         (["--node-name", "n", "--port", "70000"], {}, "not a port; valid: 0..65535"),
         (["--node-name", "n", "--metrics-bind-address", "9394"], {}, "want [HOST]:PORT"),
     ],
+    ids=["no-node-name", "scan-interval-0", "scan-interval-env", "unknown-backend", "port-out-of-range", "bind-address-no-colon"],
 )
 def test_bad_settings_exit_2_naming_the_field(capsys, argv, env, message):
     with pytest.raises(SystemExit) as e:
