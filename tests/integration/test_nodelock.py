@@ -353,3 +353,55 @@ def test_a_cached_lock_is_not_trusted_when_the_holder_released_it(
     store.patch("nodes", "n1", {"metadata": {"annotations": {NODE_LOCK: None}}})
     lock_node(kube_client, "n1", namespace="ml", pod_name="gpu-pod", cached=cached)
     assert lock_value(store).endswith(",ml,gpu-pod")
+
+
+# -- the owner is the pod placed on this node, not any pod of that name --------------------------------
+
+
+def test_a_recreated_pod_of_the_owners_name_is_not_the_owner(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    # A StatefulSet's web-0 took the lock, was deleted before Allocate and created again: the new web-0
+    # was never placed on n1 (no placement annotation, not bound), so it cannot be between Bind and
+    # Allocate there. Before the fix the node stayed locked until expiry (5 minutes).
+    store = fake_apiserver.store
+    seed(store, lock=held_by("ml", "web-0", ago_s=5), owner=make_pod("web-0", "ml"))
+    lock_node(kube_client, "n1", namespace="ml", pod_name="next")
+    assert lock_value(store).endswith(",ml,next")
+
+
+def test_a_recreated_owner_placed_here_again_is_told_apart_by_the_recorded_uid(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    store = fake_apiserver.store
+    seed(store)
+    old = store.create("pods", make_pod("web-0", "ml", annotations={"hami.io/vgpu-node": "n1"}))
+    mutexes = NodeMutexes()
+    lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid=old["metadata"]["uid"], mutexes=mutexes)
+    assert mutexes.owner_uid("n1", "ml", "web-0") == old["metadata"]["uid"]
+    # The same placement on the new incarnation: only the UID tells them apart.
+    store.delete("pods", "web-0", namespace="ml")
+    new = store.create("pods", make_pod("web-0", "ml", annotations={"hami.io/vgpu-node": "n1"}))
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    lock_node(kube_client, "n1", namespace="ml", pod_name="next", mutexes=mutexes)
+    assert lock_value(store).endswith(",ml,next")
+    # While the live owner (recorded UID matches) keeps it.
+    with pytest.raises(NodeLockContention, match="locked by ml/next"):
+        store.create("pods", make_pod("next", "ml", annotations={"hami.io/vgpu-node": "n1"}))
+        lock_node(kube_client, "n1", namespace="ml", pod_name="late", mutexes=mutexes)
+
+
+def test_the_owners_new_incarnation_takes_the_lock_afresh(
+    fake_apiserver: FakeApiServer, kube_client: KubeClient
+) -> None:
+    # Same name, recorded UID differs: not re-entrant, the value is rewritten (fresh time) for the new pod.
+    store = fake_apiserver.store
+    seed(store)
+    mutexes = NodeMutexes()
+    lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid="uid-old", mutexes=mutexes)
+    rv = store.get("nodes", "n1")["metadata"]["resourceVersion"]
+    lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid="uid-old", mutexes=mutexes)
+    assert store.get("nodes", "n1")["metadata"]["resourceVersion"] == rv  # same pod: re-entrant
+    lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid="uid-new", mutexes=mutexes)
+    assert store.get("nodes", "n1")["metadata"]["resourceVersion"] != rv
+    assert mutexes.owner_uid("n1", "ml", "web-0") == "uid-new"
