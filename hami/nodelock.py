@@ -20,10 +20,16 @@ whose owner is *provably* no longer between Bind and Allocate is taken over at o
 * the owner pod does not exist (404) or is being deleted;
 * the owner pod is terminal (``Succeeded``/``Failed``);
 * its ``hami.io/bind-phase`` is already ``success`` or ``failed`` (the device plugin is done with it);
-* it is bound to a different node than this lock's node.
+* it is bound to a different node than this lock's node;
+* it is not placed on this node at all: neither bound here nor carrying this node in its placement
+  annotation ``hami.io/vgpu-node`` (which the scheduler writes at filter time, before any Bind). The
+  value names the owner by namespace/name only, so a pod deleted before Allocate and created again
+  under the same name (a StatefulSet's ``web-0``) would otherwise pass for the live owner;
+* this process took the lock for a pod UID (`NodeMutexes.owner_uid`) and the pod of that name now has
+  another UID (a new incarnation placed here again).
 
-An owner pod that is not yet bound (Bind is still running) or is bound here with bind-phase
-``allocating`` (or none) keeps its lock until expiry.
+An owner pod that is placed here but not yet bound (Bind is still running) or is bound here with
+bind-phase ``allocating`` (or none) keeps its lock until expiry.
 
 Concurrency: every write carries the node's ``resourceVersion`` (optimistic concurrency), so of two
 schedulers racing for the same node exactly one wins; the loser re-reads and sees contention. Writes
@@ -80,6 +86,29 @@ class NodeMutexes:
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._entries: dict[str, list[Any]] = {}  # node -> [lock, number of holders and waiters]
+        # node -> (namespace, name, UID) of the pod this process last locked it for: the lock value
+        # carries no UID (HAMi's wire format), so only the process that wrote it knows the incarnation.
+        # At most one entry per node.
+        self._owners: dict[str, tuple[str, str, str]] = {}
+
+    def record_owner(self, node_name: str, namespace: str, name: str, uid: str | None) -> None:
+        """This process locked `node_name` for pod `namespace`/`name` of UID `uid` (None: unknown)."""
+        with self._guard:
+            if uid:
+                self._owners[node_name] = (namespace, name, uid)
+            else:
+                self._owners.pop(node_name, None)
+
+    def forget_owner(self, node_name: str) -> None:
+        """The lock of `node_name` was released (by us)."""
+        with self._guard:
+            self._owners.pop(node_name, None)
+
+    def owner_uid(self, node_name: str, namespace: str, name: str) -> str | None:
+        """The UID this process locked `node_name` for, when the lock names `namespace`/`name`; else None."""
+        with self._guard:
+            entry = self._owners.get(node_name)
+        return entry[2] if entry is not None and entry[:2] == (namespace, name) else None
 
     @contextmanager
     def hold(self, node_name: str) -> Iterator[None]:
@@ -116,10 +145,14 @@ def read_node_lock(node: Mapping[str, Any], *, key: str = NODE_LOCK) -> NodeLock
     return decode_node_lock(value)
 
 
-def dangling_reason(client: Any, lock: NodeLock, node_name: str) -> str | None:
+def dangling_reason(
+    client: Any, lock: NodeLock, node_name: str, *, owner_uid: str | None = None
+) -> str | None:
     """Why the lock's owner pod is no longer between Bind and Allocate on `node_name`, or None if it may be.
 
-    A legacy lock without an owner is never dangling (only its expiry frees it).
+    `owner_uid`: the UID the lock was taken for, when known (`NodeMutexes.owner_uid`); a pod of the
+    owner's name with another UID is a new incarnation, not the owner. A legacy lock without an owner
+    is never dangling (only its expiry frees it). One GET of the owner pod.
     """
     if lock.namespace is None or lock.name is None:
         return None
@@ -128,6 +161,8 @@ def dangling_reason(client: Any, lock: NodeLock, node_name: str) -> str | None:
     if pod is None:
         return f"owner pod {owner} no longer exists"
     meta = pod.get("metadata") or {}
+    if owner_uid and meta.get("uid") != owner_uid:
+        return f"owner pod {owner} was re-created (UID {meta.get('uid')}, the lock was taken for {owner_uid})"
     if meta.get("deletionTimestamp"):
         return f"owner pod {owner} is being deleted"
     phase = (pod.get("status") or {}).get("phase")
@@ -142,6 +177,11 @@ def dangling_reason(client: Any, lock: NodeLock, node_name: str) -> str | None:
     assigned = (meta.get("annotations") or {}).get(ASSIGNED_NODE)
     if not bound and assigned and assigned != node_name:
         return f"owner pod {owner} is now assigned to node {assigned}, not {node_name}"
+    if not bound and not assigned:
+        return (
+            f"owner pod {owner} is not placed on node {node_name} (not bound, no {ASSIGNED_NODE}): "
+            "a new pod of the same name"
+        )
     return None
 
 
@@ -151,6 +191,7 @@ def lock_node(
     *,
     namespace: str,
     pod_name: str,
+    uid: str | None = None,
     expiry_s: float = NODE_LOCK_EXPIRY_S,
     key: str = NODE_LOCK,
     now: Callable[[], datetime] | None = None,
@@ -159,6 +200,9 @@ def lock_node(
 ) -> None:
     """Take the node lock for pod `namespace`/`pod_name` (a `hami.kube.KubeClient` as `client`).
 
+    `uid`: the pod's UID; recorded in `mutexes` so that this process tells a re-created pod of the
+    same name from the one it locked for (the lock value itself carries no UID).
+
     `cached`: the caller's watched copy of the Node (e.g. the extender's reflector). When it shows the
     node unlocked (or the lock expired), the first write is made from it with its resourceVersion as
     the precondition, saving the GET; a stale copy costs one 409 and then the normal read-and-retry
@@ -166,7 +210,8 @@ def lock_node(
     is read afresh before contention is declared (the holder may have released it since).
     `mutexes`: the caller's `NodeMutexes`, serialising this process's lockers of one node (None: none).
 
-    Succeeds when the node is unlocked, already locked by this pod (re-entrant, nothing written),
+    Succeeds when the node is unlocked, already locked by this pod (re-entrant, nothing written; a
+    lock this process took for another UID of the same name is rewritten),
     locked longer than `expiry_s` seconds ago, locked with a malformed value, or locked by a dangling
     owner (see module docstring). Raises NodeLockContention when another live pod holds it (the
     message names the holder and when it locked), NotFound when the node does not exist, Conflict
@@ -185,11 +230,18 @@ def lock_node(
             log.warning("node %s: malformed %s value (%s); taking it over", node_name, key, e)
             lock = None
         if lock is not None:
-            if lock.namespace == namespace and lock.name == pod_name:
+            recorded = (
+                mutexes.owner_uid(node_name, lock.namespace, lock.name)
+                if mutexes is not None and lock.namespace is not None and lock.name is not None
+                else None
+            )
+            if lock.namespace == namespace and lock.name == pod_name and (not uid or recorded in (None, uid)):
                 return
             age_s = (clock() - lock.time).total_seconds()
-            if age_s <= expiry_s:
-                why = dangling_reason(client, lock, node_name)
+            if lock.namespace == namespace and lock.name == pod_name:
+                log.info("node %s: lock of an earlier incarnation of pod %s/%s; taking it", node_name, namespace, pod_name)
+            elif age_s <= expiry_s:
+                why = dangling_reason(client, lock, node_name, owner_uid=recorded)
                 if why is None:
                     holder = f"{lock.namespace}/{lock.name}" if lock.name else "an unknown pod (legacy lock)"
                     raise NodeLockContention(
@@ -214,12 +266,16 @@ def lock_node(
         except Conflict:
             # The node changed since we read it (maybe another scheduler took the lock): re-read.
             raise _NodeChanged() from None
+        if mutexes is not None:
+            mutexes.record_owner(node_name, namespace, pod_name, uid)
 
     with _holding(mutexes, node_name):
         if cached is not None and _lock_from_cache(
             client, cached, node_name, namespace=namespace, pod_name=pod_name, expiry_s=expiry_s,
             key=key, clock=clock,
         ):  # fmt: skip
+            if mutexes is not None:
+                mutexes.record_owner(node_name, namespace, pod_name, uid)
             return
         try:
             retry_call(attempt, retry_on=(_NodeChanged,), retries=RETRY_STEPS, backoff=RETRY_BACKOFF)
@@ -311,6 +367,8 @@ def release_node_lock(
             return False
         except Conflict:
             raise _NodeChanged() from None
+        if mutexes is not None:
+            mutexes.forget_owner(node_name)
         return True
 
     with _holding(mutexes, node_name):

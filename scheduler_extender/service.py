@@ -422,7 +422,8 @@ class Extender:
         try:
             if pod_takes_node_lock(cached, self.state.vendors):
                 lock_node(
-                    self.client, node, namespace=ns, pod_name=name, expiry_s=self.settings.node_lock_expiry_s,
+                    self.client, node, namespace=ns, pod_name=name, uid=uid or None,
+                    expiry_s=self.settings.node_lock_expiry_s,
                     cached=self.node_lookup(node), mutexes=self.node_mutexes,
                 )  # fmt: skip
         except NodeLockContention as e:

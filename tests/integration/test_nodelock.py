@@ -28,6 +28,11 @@ def seed(store, *, lock: str | None = None, owner: dict | None = None) -> None:
         store.create("pods", owner)
 
 
+def placed(name: str, ns: str = "ml", node: str = "n1") -> dict:
+    """A pod the scheduler placed on `node` (its filter wrote ``hami.io/vgpu-node``): a live lock owner."""
+    return make_pod(name, ns, annotations={"hami.io/vgpu-node": node})
+
+
 def held_by(ns: str, name: str, *, ago_s: float = 10) -> str:
     return encode_node_lock(
         NodeLock(time=datetime.now(UTC) - timedelta(seconds=ago_s), namespace=ns, name=name)
@@ -93,7 +98,7 @@ def test_expired_lock_is_taken_over(fake_apiserver: FakeApiServer, kube_client: 
 
 def test_expiry_is_configurable(fake_apiserver: FakeApiServer, kube_client: KubeClient) -> None:
     store = fake_apiserver.store
-    seed(store, lock=held_by("ml", "owner", ago_s=90), owner=make_pod("owner", "ml"))
+    seed(store, lock=held_by("ml", "owner", ago_s=90), owner=placed("owner"))
     with pytest.raises(NodeLockContention):
         lock_node(kube_client, "n1", namespace="ml", pod_name="next")
     lock_node(kube_client, "n1", namespace="ml", pod_name="next", expiry_s=60)
@@ -192,7 +197,7 @@ class RacingClient:
         node = self.inner.get_node(name)
         if not self.raced:
             self.raced = True
-            self.store.create("pods", make_pod("rival", "ml"))
+            self.store.create("pods", placed("rival"))
             self.store.patch(
                 "nodes", name, {"metadata": {"annotations": {NODE_LOCK: held_by("ml", "rival", ago_s=0)}}}
             )
@@ -217,7 +222,7 @@ def test_concurrent_lockers_exactly_one_wins(fake_apiserver: FakeApiServer, kube
     store = fake_apiserver.store
     seed(store)
     for i in range(6):
-        store.create("pods", make_pod(f"p{i}", "ml"))
+        store.create("pods", placed(f"p{i}"))
     barrier = threading.Barrier(6)
     results: dict[str, str] = {}
 
@@ -248,7 +253,7 @@ def test_one_process_lockers_take_turns_and_the_mutex_table_empties(
     store = fake_apiserver.store
     seed(store)
     for i in range(6):
-        store.create("pods", make_pod(f"p{i}", "ml"))
+        store.create("pods", placed(f"p{i}"))
     mutexes = NodeMutexes()
     requests_before = fake_apiserver.request_count
     barrier = threading.Barrier(6)
@@ -333,7 +338,7 @@ def test_lock_from_a_stale_cached_node_rereads_and_still_refuses_a_live_holder(
     fake_apiserver: FakeApiServer, kube_client: KubeClient
 ) -> None:
     store = fake_apiserver.store
-    seed(store, owner=make_pod("owner", "ml"))
+    seed(store, owner=placed("owner"))
     stale = store.get("nodes", "n1")  # unlocked in the cache ...
     store.patch("nodes", "n1", {"metadata": {"annotations": {NODE_LOCK: held_by("ml", "owner")}}})
     before = fake_apiserver.request_count
@@ -399,9 +404,12 @@ def test_the_owners_new_incarnation_takes_the_lock_afresh(
     seed(store)
     mutexes = NodeMutexes()
     lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid="uid-old", mutexes=mutexes)
-    rv = store.get("nodes", "n1")["metadata"]["resourceVersion"]
+    before = fake_apiserver.request_count
     lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid="uid-old", mutexes=mutexes)
-    assert store.get("nodes", "n1")["metadata"]["resourceVersion"] == rv  # same pod: re-entrant
+    assert fake_apiserver.request_count - before == 1  # same pod: re-entrant, the GET only
+    before = fake_apiserver.request_count
     lock_node(kube_client, "n1", namespace="ml", pod_name="web-0", uid="uid-new", mutexes=mutexes)
-    assert store.get("nodes", "n1")["metadata"]["resourceVersion"] != rv
+    assert fake_apiserver.request_count - before == 2  # GET + the rewrite, no GET of the old owner
     assert mutexes.owner_uid("n1", "ml", "web-0") == "uid-new"
+    assert release_node_lock(kube_client, "n1", namespace="ml", pod_name="web-0", mutexes=mutexes) is True
+    assert mutexes.owner_uid("n1", "ml", "web-0") is None
