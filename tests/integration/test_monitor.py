@@ -272,3 +272,66 @@ def test_hami_core_files_garbage_host_figures_and_grace_removal(kube_client, mon
     got = scrape(port)
     assert value(got, "hami_vgpu_memory_used_bytes", **v0) is None
     assert value(got, "hami_vgpu_memory_used_bytes", **v1) == 100 * MIB
+
+
+def test_utilisation_comes_from_libvgpus_measured_busy_time(
+    harness, kube_client, monitor_factory, holders, tmp_path
+):
+    """A compute-limited container (SM 50 %) burning modelled kernels on the fake GPU: the monitor's
+    utilisation rises above 0, stays near the cap, and falls to 0 once the container idles."""
+    containers = tmp_path / "containers"
+    uid = create_pod(kube_client, "burner", "team-c", ["main"])
+    d = containers / f"{uid}_main"
+    d.mkdir(parents=True)
+    cache = d / "x.cache"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "FAKE_", "LIBVGPU_", "LD_"))}
+    env.update(
+        LD_LIBRARY_PATH=str(harness / "fake"), LD_PRELOAD=str(harness / "libvgpu.so"),
+        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cache), CUDA_DEVICE_SM_LIMIT="50", FAKE_KERNEL_US="1000",
+        LIBVGPU_SM_SLICE_MS="20", FAKE_GPU_STATE=str(tmp_path / "state"), LIBCUDA_LOG_LEVEL="1",
+    )  # fmt: skip
+    go = tmp_path / "go"
+    proc = subprocess.Popen(
+        [str(harness / "tests" / "t_cli"), "init", "alloc", "4m", "waitfile", str(go), "burn", "6000", "hold"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not cache.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        port = monitor_factory(containers, "--scan-interval", "1")
+        ctr = {"pod": "burner", "container": "main"}
+        got = wait_for(
+            port, lambda g: value(g, "hami_vgpu_memory_used_bytes", **ctr) == 4 * MIB, what="4 MiB"
+        )
+        assert value(got, "hami_container_device_utilization_ratio", **ctr) in (
+            None,
+            0,
+        )  # nothing launched yet
+        go.touch()
+        seen: list[float] = []
+
+        def busy(g: dict) -> bool:
+            v = value(g, "hami_container_device_utilization_ratio", **ctr)
+            if v is not None:
+                seen.append(v)
+            return v is not None and v > 5
+
+        got = wait_for(port, busy, timeout=20, what="utilisation above 5 %")
+        assert value(got, "hami_container_last_kernel_elapsed_seconds", **ctr) <= 5
+        line = ""
+        while not line.startswith("burn"):  # init, alloc, waitfile lines come first
+            line = proc.stdout.readline()
+            assert line, "t_cli ended before its burn line"
+        assert line.split()[1] == "0", line
+
+        def idle(g: dict) -> bool:
+            v = value(g, "hami_container_device_utilization_ratio", **ctr)
+            seen.append(v)
+            return v == 0
+
+        wait_for(port, idle, what="idle")
+        assert 5 < max(seen) <= 70, seen  # the cap is 50 %; one 20 ms slice of attribution slack
+    finally:
+        proc.kill()
+        proc.wait()
