@@ -10,6 +10,7 @@ prints every run and then the best one, which is the closest to the uncontended 
 Results and the command line are recorded in docs/benchmarks.md.
 
     python benchmarks/simulate_bench.py [--data-dir DIR] [--policy binpack] [--arrival 130] [--repeat 3] [--profile]
+        [--config FILE]   # e.g. benchmarks/all-vendors.yaml: every vendor family enabled
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hami.cluster import ClusterState
-from hami.config import DeviceConfig
+from hami.config import DeviceConfig, load_config_file
 from hami.simulate import openb
 from hami.simulate.engine import Mode, Policy, RunResult, parse_policy, run
 from hami.simulate.workload import Workload
@@ -56,10 +57,11 @@ class Figures:
 
 
 def once(
-    nodes_csv: Path, pods_csv: Path, policy: Policy, arrival: float, seed: int, prof: cProfile.Profile | None
+    nodes_csv: Path, pods_csv: Path, policy: Policy, arrival: float, seed: int, prof: cProfile.Profile | None,
+    cfg: DeviceConfig | None = None,
 ) -> Figures:
     """Load the trace and replay it once; the filter is wrapped to take its thread CPU time too."""
-    cfg = DeviceConfig()
+    cfg = cfg or DeviceConfig()
     t0 = time.perf_counter()
     workload = Workload(openb.load_nodes(nodes_csv, config=cfg), openb.load_pods(pods_csv, config=cfg))
     load_s = time.perf_counter() - t0
@@ -107,7 +109,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1, help="runs; the best (lowest wall time) is summarised")
     ap.add_argument("--profile", action="store_true", help="also print the top functions by cumulative time")
+    ap.add_argument("--config", type=Path, help="device config YAML (e.g. one enabling every vendor)")
     args = ap.parse_args()
+    cfg = load_config_file(args.config) if args.config else None
 
     nodes_csv, pods_csv = args.data_dir / args.nodes, args.data_dir / args.pods
     if not nodes_csv.exists() or not pods_csv.exists():
@@ -121,7 +125,7 @@ def main() -> int:
     )
     runs = []
     for i in range(max(1, args.repeat)):
-        f = once(nodes_csv, pods_csv, policy, args.arrival, args.seed, prof)
+        f = once(nodes_csv, pods_csv, policy, args.arrival, args.seed, prof, cfg)
         runs.append(f)
         print(f"run {i + 1}: {line(f)}", flush=True)
     best = min(runs, key=lambda f: f.wall_s)

@@ -154,8 +154,9 @@ def _name(obj: Mapping[str, Any], *, source: str, line: int, kind: str) -> str:
 
 
 def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
-    """Every `kind: Node` in the file. Cards come from the registration annotations of every enabled
-    vendor (`hami.io/node-nvidia-register`, ...); a node without one is a CPU-only node.
+    """Every `kind: Node` in the file. Cards come from the inventory of every enabled vendor (registration
+    annotations such as `hami.io/node-nvidia-register`, or node capacity such as Cambricon's
+    `cambricon.com/mlu.smlu.vcore`); a node without any is a CPU-only node.
     CPU/memory/pods from `status.allocatable`, else `status.capacity`, else unlimited / 110 pods.
 
     Raises TraceError naming file, line, node and field for a malformed registration or quantity, a
@@ -179,9 +180,9 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
             try:
                 found = vendor.node_devices(obj)
             except InvalidRequest as e:
-                raise TraceError(
-                    source, line, f"Node {name}: annotation {vendor.register_key}: {e}"
-                ) from None
+                # Capacity-derived inventories (Cambricon, AWS Neuron, ...) have no registration annotation.
+                where = f"annotation {vendor.register_key}" if vendor.register_key else f"{vendor.common_word} inventory"
+                raise TraceError(source, line, f"Node {name}: {where}: {e}") from None
             cards.extend(found or [])
         status = obj.get("status") or {}
         if not isinstance(status, dict):
