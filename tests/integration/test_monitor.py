@@ -335,3 +335,23 @@ def test_utilisation_comes_from_libvgpus_measured_busy_time(
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--kubeconfig", "/nonexistent/kubeconfig", "--backend", "fake"],
+            "cannot start: kubeconfig '/nonexistent",
+        ),
+        (["--backend", "fake", "--fake-config", "/nonexistent/cards.yaml"], "cannot start: --fake-config"),
+        (["--scan-interval", "soon"], "argument --scan-interval: 'soon' is not a duration"),
+    ],
+)
+def test_start_errors_are_one_line_without_traceback(argv, message):
+    p = subprocess.run(
+        [sys.executable, "-m", "device_plugin.monitor", "--node-name", "n", *argv],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert message in p.stderr and "Traceback" not in p.stderr
