@@ -58,3 +58,50 @@ def validate(obj: dict[str, Any], kube_version: str) -> bool:
             f"{obj['kind']}/{obj['metadata'].get('name')} (schema {version}) at {where or '/'}: {e.message}"
         ) from None
     return True
+
+
+# Custom resources have no schema in kubernetes-validate. The fields the chart may set, per the CRDs
+# (prometheus-operator monitoring.coreos.com/v1 ServiceMonitor, cert-manager.io/v1 Issuer and
+# Certificate): a typo in one of them is caught here instead of by the API server at install time.
+CUSTOM_FIELDS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): {
+        "spec": {
+            "selector": {"matchLabels": None, "matchExpressions": None},
+            "namespaceSelector": {"any": None, "matchNames": None},
+            "endpoints": [{"port": None, "path": None, "interval": None, "scheme": None, "scrapeTimeout": None,
+                           "honorLabels": None, "relabelings": None, "metricRelabelings": None}],
+            "jobLabel": None, "targetLabels": None, "podTargetLabels": None, "sampleLimit": None,
+        }
+    },
+    ("cert-manager.io/v1", "Issuer"): {"spec": {"selfSigned": {"crlDistributionPoints": None}, "ca": None}},
+    ("cert-manager.io/v1", "Certificate"): {
+        "spec": {
+            "secretName": None, "dnsNames": None, "ipAddresses": None, "duration": None, "renewBefore": None,
+            "commonName": None, "isCA": None, "usages": None, "privateKey": None,
+            "issuerRef": {"name": None, "kind": None, "group": None},
+        }
+    },
+}  # fmt: skip
+
+
+def _check_fields(value: Any, allowed: Any, where: str) -> None:
+    if allowed is None:
+        return
+    if isinstance(allowed, list):
+        assert isinstance(value, list), f"{where}: want a list"
+        for i, item in enumerate(value):
+            _check_fields(item, allowed[0], f"{where}/{i}")
+        return
+    assert isinstance(value, dict), f"{where}: want a mapping"
+    unknown = set(value) - set(allowed)
+    assert not unknown, f"{where}: unknown fields {sorted(unknown)}; known: {sorted(allowed)}"
+    for key, sub in value.items():
+        _check_fields(sub, allowed[key], f"{where}/{key}")
+
+
+def validate_custom(obj: dict[str, Any]) -> None:
+    """Check a custom resource's spec against CUSTOM_FIELDS. AssertionError names the path."""
+    allowed = CUSTOM_FIELDS.get((obj["apiVersion"], obj["kind"]))
+    assert allowed is not None, f"{obj['apiVersion']} {obj['kind']}: no schema and no field list"
+    assert set(obj) == {"apiVersion", "kind", "metadata", "spec"}, sorted(obj)
+    _check_fields({"spec": obj["spec"]}, allowed, f"{obj['kind']}/{obj['metadata']['name']}")
