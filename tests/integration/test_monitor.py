@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.libvgpu.region import read_region as libvgpu_reference_reader
+from device_plugin.monitor.procs import ProcTable
+from device_plugin.monitor.regions import read_region
 from tests.unit.monitor_files import V0, V1, HProc, hami_bytes, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,7 +178,8 @@ def test_exports_exactly_the_bytes_held_and_drops_killed_holders_within_one_scan
     state = tmp_path / "fakegpu.state"
     holders.append(Holder(harness, cache, state, "alloc", "40m"))
     holders.append(Holder(harness, cache, state, "alloc", "8m", "alloc", "4m"))
-    gpu = libvgpu_reference_reader(cache).devices[0].uuid
+    gpu = read_region(cache, ProcTable()).devices[0].uuid
+    assert gpu.startswith("GPU-")
     port = monitor_factory(containers)
 
     ctr = {"namespace": "team-a", "pod": "train-0", "container": "main", "vdevice_index": "0",
