@@ -136,6 +136,7 @@ class Scanner:
         now = self.clock()
         mono = self.monotonic()
         table = ProcTable(self.proc)
+        synced = self.pods.synced  # read before the snapshot: a synced flag always goes with a full map
         pods = self.pods.snapshot()
         samples: list[ContainerSample] = []
         unmatched = 0
@@ -151,9 +152,11 @@ class Scanner:
             ref = pods.get(uid)
             if ref is None:
                 unmatched += 1
+                if not synced:
+                    continue  # absence counts only from a complete pod list on
                 if st.missing_since is None:
                     st.missing_since = mono
-                if self.pods.synced and mono - st.missing_since >= self.grace_s and self._old(path, now):
+                if mono - st.missing_since >= self.grace_s and self._old(path, now):
                     stale.setdefault(uid, []).append((name, path))
                 continue
             st.missing_since = None

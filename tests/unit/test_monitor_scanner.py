@@ -294,3 +294,23 @@ def test_fuzz_scanner_never_raises_and_counts_every_bad_file(tmp_path, data, lay
     mine = [c for c in snap.containers if c.pod.uid == uid]
     assert len(mine) + len(errors) == 1  # exported, or counted with a reason: never both, never neither
     assert all(e in regions.REASONS for e in errors)
+
+
+def test_absence_is_counted_only_from_the_first_complete_pod_list(tmp_path, clock):
+    d = tmp_path / f"{UID_B}_main"
+    write(d / "x.cache", b"")
+    _age(d, clock.t, 10_000)
+    idx = PodIndex()
+    scanner, _, removed = make(tmp_path, idx, clock, grace_s=100)
+    scanner.scan()
+    clock.advance(1000)  # a long time without a pod list (API server unreachable)
+    scanner.scan()
+    idx.on_sync([])
+    scanner.scan()  # the clock starts here
+    assert d.exists()
+    clock.advance(99)
+    scanner.scan()
+    assert d.exists() and removed == []
+    clock.advance(2)
+    scanner.scan()
+    assert not d.exists()
