@@ -196,7 +196,7 @@ class MonitorMetrics:
     - ``hami_monitor_cache_errors_total{reason}``: region files that became unreadable, by reason
       (`device_plugin.monitor.regions.REASONS`; every reason is present from the start at 0);
     - ``hami_monitor_scan_duration_seconds``: histogram of one scan (all directories + host figures);
-    - ``hami_monitor_last_scan_timestamp_seconds``: unix time of the last finished scan;
+    - ``hami_monitor_last_scan_timestamp_seconds``: unix time at which the last published scan started;
     - ``hami_monitor_containers{state}``: cache directories whose pod is known and whose region was
       read (``exported``), and directories with no known pod (``unmatched``);
     - ``hami_monitor_cache_dirs_removed_total``: stale directories deleted after the grace period;
@@ -217,7 +217,9 @@ class MonitorMetrics:
             registry=r,
         )  # fmt: skip
         self.last_scan = Gauge(
-            "hami_monitor_last_scan_timestamp_seconds", "Unix time of the last finished scan", registry=r
+            "hami_monitor_last_scan_timestamp_seconds",
+            "Unix time at which the last published scan started",
+            registry=r,
         )
         self.containers = Gauge(
             "hami_monitor_containers", "Cache directories by state", ["state"], registry=r
