@@ -90,6 +90,7 @@ class AMDVendor(C.ShareVendor):
             )
         return pct
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = C.limits_only(container)

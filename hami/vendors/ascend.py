@@ -248,6 +248,7 @@ class AscendVendor(C.ShareVendor):
 
     # -- requests / admission -------------------------------------------------------------------
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = container_limits(container)

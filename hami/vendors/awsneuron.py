@@ -84,11 +84,13 @@ class AWSNeuronVendor(C.ShareVendor):
         self.config = c = config or AWSNeuronConfig()
         super().__init__(c.resourceCountName)
         self._names = ResourceNames(count=c.resourceCountName, cores=c.resourceCoreName)
+        self.gate_keys = (c.resourceCountName, c.resourceCoreName)
         self.node_capacity_keys = (c.resourceCountName, c.resourceCoreName)
 
     def allocation_keys(self) -> tuple[str, ...]:
         return (self.allocated_key, IDS, RESOURCE_TYPE, ALLOC_TIME, ALLOCATED, PREDICATE_NODE)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         """`neuron: N` -> N devices x all cores; `neuroncore: K` -> 1 device x K (K <= 2) or K/2 devices."""
         n = self._names

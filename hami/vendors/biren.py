@@ -45,6 +45,7 @@ class BirenVendor(C.ShareVendor):
         self.config = config or BirenConfig()
         super().__init__(self.config.resourceCountName)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         req = super().container_request(container)
         # Whole cards written as 0 MiB / 0 cores: percentage 0 makes the generic fit charge nothing.

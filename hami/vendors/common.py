@@ -51,6 +51,31 @@ class _FitModule:
 fitmod = _FitModule()
 
 
+_EMPTY: dict[str, Any] = {}
+
+
+def gated(
+    fn: Callable[[Any, Mapping[str, Any]], ContainerRequest | None],
+) -> Callable[[Any, Mapping[str, Any]], ContainerRequest | None]:
+    """Decorate a vendor's `container_request`: containers naming none of the vendor's `gate_keys`
+    in limits or requests get None without building anything. Every filter asks every vendor about
+    every container, and most containers ask for one vendor at most."""
+
+    def container_request(self: Any, container: Mapping[str, Any]) -> ContainerRequest | None:
+        res = container.get("resources")
+        if res:
+            lim = res.get("limits") or _EMPTY
+            req = res.get("requests") or _EMPTY
+            for k in self.gate_keys:
+                if k in lim or k in req:
+                    return fn(self, container)
+        return None
+
+    container_request.__doc__ = fn.__doc__
+    container_request.__wrapped__ = fn  # type: ignore[attr-defined]
+    return container_request
+
+
 def field_name(container: Mapping[str, Any], resource: str) -> str:
     """How errors name a container's resource: ``container <name>: resources.limits[<resource>]``."""
     return f"container {container.get('name', '?')}: resources.limits[{resource}]"
@@ -235,6 +260,8 @@ class ShareVendor(VendorBase):
         self._names = ResourceNames(
             count=count, memory=memory, cores=cores, memory_factor=self.quota_memory_factor
         )
+        #: Resources whose presence makes a container worth reading (`gated`): the count by default.
+        self.gate_keys: tuple[str, ...] = (count,)
 
     def resource_names(self) -> ResourceNames:
         return self._names
@@ -254,6 +281,7 @@ class ShareVendor(VendorBase):
         """Limits first, then requests (HAMi); vendors reading limits only override."""
         return container_limits(container)
 
+    @gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         """`nums` from the count; memory in `memory_unit_mib` units (absent = whole card); cores in
         percent (absent = `default_cores`). Raises InvalidRequest for quantities that are not whole."""

@@ -87,6 +87,7 @@ class GCUVendor(C.ShareVendor):
         super().__init__(c.resourceNameGCU)
         self.node_capacity_keys = (c.resourceNameGCU,)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         req = super().container_request(container)
         return None if req is None else ContainerRequest(self.common_word, req.nums, 100, 100, 100)
@@ -182,11 +183,13 @@ class DRSVendor(C.ShareVendor):
         size, mem, core = self.config.drs_names
         super().__init__(size, mem, core)
         self._names = ResourceNames(count=size, memory=mem, cores=core)
+        self.gate_keys = (size, mem, core)
 
     def allocation_keys(self) -> tuple[str, ...]:
         return (self.allocated_key, ASSIGNED, ASSIGNED_TIME, ASSIGNED_INDEX, ASSIGNED_ID, ASSIGNED_MINOR,
                 REQUEST_SIZE, ASSIGNED_CONTAINERS)  # fmt: skip
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         """`drs-gcu: N` -> the N-slice profile (memreq = N, DIRECT); else memory/cores (BY_SPEC)."""
         size_name, mem_name, core_name = self._names.count, self._names.memory, self._names.cores

@@ -170,6 +170,7 @@ class KunlunVendor(C.ShareVendor):
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return xpu_selection(annotations)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         req = super().container_request(container)
         return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 100, 0)
@@ -216,6 +217,7 @@ class XPUVendor(C.ShareVendor):
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return xpu_selection(annotations)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         req = super().container_request(container)
         if req is None:

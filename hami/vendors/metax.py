@@ -94,6 +94,7 @@ class MetaxGPUVendor(C.ShareVendor):
         super().__init__(c.resourceCountName)
         self.node_capacity_keys = (c.resourceCountName,)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         req = super().container_request(container)
         return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 100, 100)
@@ -151,6 +152,7 @@ class MetaxSGPUVendor(C.ShareVendor):
     def read_limits(self, container: Mapping[str, Any]) -> dict[str, Any]:
         return C.limits_only(container)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = C.limits_only(container)

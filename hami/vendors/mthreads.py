@@ -75,6 +75,7 @@ class MthreadsVendor(C.ShareVendor):
             "hami.io/mthreads-vgpu-devices-to-allocate",
         )
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         """Per card: memory `units x 512 / nums` MiB, cores `cores / nums` (integer division, HAMi)."""
         n = self._names

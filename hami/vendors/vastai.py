@@ -55,6 +55,7 @@ class VastaiVendor(C.ShareVendor):
         self.config = config or VastaiConfig()
         super().__init__(self.config.resourceCountName)
 
+    @C.gated
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         req = super().container_request(container)
         return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 0, 0)
