@@ -18,12 +18,12 @@ a whole card), `memory`/`core` the soft-split limits.
 - 910C (`superPod`): NPUs come in modules of two (index / 2); a request of 1 becomes 2, other odd counts
   are rejected, and several NPUs are taken as whole modules.
 - 910 chips with a NetworkID on every card: several NPUs are taken from the NetworkID group with the most
-  fitting cards first.
+  fitting cards first, and nodes score 10 x (most NPUs of a container in one NetworkID / its NPUs).
 
 Differences from HAMi: an `Ascend910B4` request only uses `Ascend910B4` cards (HAMi's substring match
 also picks `Ascend910B4-1` cards, whose plugin never sees the request); the multi-device vNPU check
 runs after the 910C 1 -> 2 rounding (HAMi checks the count before rounding); `ASCEND_VISIBLE_DEVICES=""`
-(`overwriteEnv`) is added once, not once per configured chip; the NetworkID node score is not implemented.
+(`overwriteEnv`) is added once, not once per configured chip.
 """
 
 from __future__ import annotations
@@ -40,7 +40,14 @@ from hami.errors import ConfigError, InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib
 from hami.vendors import common as C
-from hami.vendors.base import AllocationContext, MutationResult, container_limits, set_env, split_list
+from hami.vendors.base import (
+    AllocationContext,
+    MutationResult,
+    container_limits,
+    group_score,
+    set_env,
+    split_list,
+)
 
 VNPU_MODE = "huawei.com/vnpu-mode"
 NODE_SOFT = "hami-vnpu-core"
@@ -204,6 +211,8 @@ class AscendVendor(C.ShareVendor):
     def __init__(self, chip: AscendChip, *, soft_default: bool = False) -> None:
         self.chip = chip
         cw = self.common_word = chip.commonWord
+        # HAMi scores 910 nodes by how many of a container's NPUs share one NetworkID.
+        self.scores_nodes = cw.startswith("Ascend910")
         self.register_key = f"hami.io/node-register-{cw}"
         self.handshake_key = f"hami.io/node-handshake-{cw}"
         self.to_allocate_key = f"hami.io/{cw}-devices-to-allocate"
@@ -382,6 +391,11 @@ class AscendVendor(C.ShareVendor):
                 groups.setdefault(d.network_id, []).append(d)  # type: ignore[attr-defined]
             ordered = [d for _, g in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])) for d in g]
         return [C.take(d, req, req.memory_on(d), cores) for d in ordered[: req.nums]], reasons
+
+    def node_score(self, containers, *, cards, node_policy):  # noqa: ANN001, ANN201
+        """HAMi: 10 x sum over containers of (most NPUs in one NetworkID / NPUs); 0 when a card has none."""
+        s = group_score(containers, lambda uuid: getattr(cards.get(uuid), "network_id", None))
+        return 0.0 if s is None else 10.0 * s
 
     # -- allocation -----------------------------------------------------------------------------
 

@@ -103,6 +103,9 @@ class Vendor(Protocol):
     #: True when `fit_cards` replaces the generic per-card fit (`hami.fit.fit_container`), and the
     #: filter's card-summary prefilter must leave this vendor's demands to it.
     custom_fit: bool
+    #: True when `node_score` adds a topology term to a node's score (the filter then fits every
+    #: candidate node of a pod asking this vendor and keeps the best total).
+    scores_nodes: bool
 
     def resource_names(self) -> ResourceNames:
         """The extended resources this vendor reads from containers."""
@@ -162,6 +165,18 @@ class Vendor(Protocol):
         """
         ...
 
+    def node_score(
+        self,
+        containers: Sequence[Sequence[ContainerDevice]],
+        *,
+        cards: Mapping[str, Device],
+        node_policy: str,
+    ) -> float:
+        """Only with `scores_nodes`: the vendor's term for placing these device lists (one per container)
+        on the node whose cards (by UUID) are `cards`, under node policy `binpack` or `spread`. Higher is
+        better under both policies (HAMi's ScoreNode); the node's usage score is 0..30."""
+        ...
+
     def mutate_container(self, container: dict[str, Any], *, pod: dict[str, Any]) -> MutationResult:
         """Webhook: validate and normalise one container in place (limits, env; pod-level fields such as
         runtimeClassName may be set on `pod`). Raises InvalidRequest naming container, field, valid values.
@@ -208,6 +223,7 @@ class VendorBase:
     node_capacity_keys: tuple[str, ...] = ()
     node_label_keys: tuple[str, ...] = ()
     custom_fit = False
+    scores_nodes = False
 
     @property
     def node_annotation_keys(self) -> tuple[str, ...]:
@@ -227,6 +243,28 @@ class VendorBase:
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         raise NotImplementedError(f"{type(self).__name__} has no custom fit")
+
+    def node_score(self, containers, *, cards, node_policy):  # noqa: ANN001, ANN201
+        return 0.0
+
+
+def group_score(
+    containers: Sequence[Sequence[ContainerDevice]], group_of: Callable[[str], Any]
+) -> float | None:
+    """Sum over containers with cards of (most cards in one group / cards), the "kept together" term of
+    HAMi's Ascend NetworkID and Vastai die scores; None when a card has no group."""
+    total = 0.0
+    for c in containers:
+        if not c:
+            continue
+        counts: dict[Any, int] = {}
+        for cd in c:
+            g = group_of(cd.uuid)
+            if g is None:
+                return None
+            counts[g] = counts.get(g, 0) + 1
+        total += max(counts.values()) / len(c)
+    return total
 
 
 def capacity(node: Mapping[str, Any], resource: str) -> Any:

@@ -17,10 +17,12 @@ HAMi pkg/device/metax. Two backends from one `metax:` section:
   UUID, slots, mutex, memory, then, for non-online pods, cores without HAMi's usual clamp at 100,
   exclusivity and exhausted compute. Online pods are charged 0 cores.
 
-Differences from HAMi: the whole-GPU topology score (`metax-tech.com/gpu.topology.losses/scores`), the
-sGPU LinkZone topology score and preference, and the app-class co-location check (which needs the
-app class of every pod on a card) are not implemented: cards are chosen by the card policy; HAMi's
-in-memory "expected QoS" cache is not kept (the QoS the plugin reports is used).
+Whole-GPU nodes are scored as in HAMi from the plugin's node annotations `metax-tech.com/gpu.topology.losses`
+(binpack: 2000 - loss of the pod's card count) and `metax-tech.com/gpu.topology.scores` (spread).
+Differences from HAMi: an unreadable topology table scores 0 (HAMi reads it as "no loss", the best
+score); the sGPU LinkZone topology score and preference, and the app-class co-location check (which
+needs the app class of every pod on a card) are not implemented: sGPU cards are chosen by the card
+policy; HAMi's in-memory "expected QoS" cache is not kept (the QoS the plugin reports is used).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ PREDICATE_TIME = "metax-tech.com/predicate-time"
 QOS_POLICY = "metax-tech.com/sgpu-qos-policy"
 APP_CLASS = "metax-tech.com/sgpu-app-class"
 TOPOLOGY_AWARE = "metax-tech.com/sgpu-topology-aware"
+TOPOLOGY_LOSSES = "metax-tech.com/gpu.topology.losses"
+TOPOLOGY_SCORES = "metax-tech.com/gpu.topology.scores"
 QOS_POLICIES = ("best-effort", "fixed-share", "burst-share")
 APP_CLASSES = ("online", "offline")
 
@@ -70,6 +74,25 @@ class MetaxConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MetaxGPUDevice(Device):
+    """A whole MetaX GPU with its node's topology tables (device count -> loss / score), None = absent."""
+
+    losses: tuple[tuple[int, int], ...] | None = None
+    scores: tuple[tuple[int, int], ...] | None = None
+
+
+def topology_table(value: str | None) -> tuple[tuple[int, int], ...] | None:
+    """`{"1":0,"2":120}` -> ((1, 0), (2, 120)); None when absent or unreadable (then it scores nothing)."""
+    if value is None:
+        return None
+    try:
+        raw = json.loads(value)
+        return tuple(sorted((int(k), int(v)) for k, v in raw.items()))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class SGPUDevice(Device):
     """An sGPU card with the QoS policy and LinkZone its plugin reports."""
 
@@ -88,6 +111,8 @@ class MetaxGPUVendor(C.ShareVendor):
     to_allocate_key = "hami.io/metax-gpu-devices-to-allocate"
     allocated_key = "hami.io/metax-gpu-devices-allocated"
     custom_fit = True
+    scores_nodes = True
+    node_annotation_keys = (TOPOLOGY_LOSSES, TOPOLOGY_SCORES)
 
     def __init__(self, config: MetaxConfig | None = None) -> None:
         self.config = c = config or MetaxConfig()
@@ -104,9 +129,14 @@ class MetaxGPUVendor(C.ShareVendor):
         if n is None:
             return None
         name = objects.name(node)
+        annos = A.pod_annotations(node)
+        losses, scores = (
+            topology_table(annos.get(TOPOLOGY_LOSSES)),
+            topology_table(annos.get(TOPOLOGY_SCORES)),
+        )
         return [
-            Device(uuid=f"{name}-metax-{i}", index=i, count=1, devmem=GPU_MEMORY_MIB, devcore=100,
-                   type=self.common_word, vendor=self.common_word)
+            MetaxGPUDevice(uuid=f"{name}-metax-{i}", index=i, count=1, devmem=GPU_MEMORY_MIB, devcore=100,
+                           type=self.common_word, vendor=self.common_word, losses=losses, scores=scores)
             for i in range(n)
         ]  # fmt: skip
 
@@ -114,6 +144,20 @@ class MetaxGPUVendor(C.ShareVendor):
         return C.same_card_fit(
             self, req, cards, usage, selection=selection, policy=policy, earlier=earlier, quota_ok=quota_ok
         )
+
+    def node_score(self, containers, *, cards, node_policy):  # noqa: ANN001, ANN201
+        """HAMi: 2000 - loss (binpack) or 2000 - score (spread) of the pod's device count, from the node's
+        topology tables; 0 without a table. A count missing from a table costs nothing (HAMi)."""
+        n = sum(len(c) for c in containers)
+        first = next((cards.get(cd.uuid) for c in containers for cd in c), None)
+        if n == 0 or not isinstance(first, MetaxGPUDevice):
+            return 0.0
+        table = (
+            first.losses if node_policy == "binpack" else first.scores if node_policy == "spread" else None
+        )
+        if table is None:
+            return 0.0
+        return 2000.0 - dict(table).get(n, 0)
 
 
 def sgpu_memory_mib(value: Any, *, resource: str) -> int:

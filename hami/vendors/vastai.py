@@ -7,8 +7,8 @@ the container's entry of `hami.io/Vastai-devices-to-allocate` under `hami.io/mut
 whole cards or dies (0 MiB, 0 cores in the list). Die mode (when the node's first die says so): under
 the `mutex` card policy a die is free only when no die of its card is used; a request for several dies
 takes whole groups of one card first (the biggest group first), so dies of one card stay together.
-Differences from HAMi: groups of equal size are taken in card-name order (HAMi: Go map order, i.e.
-random); the node score term for dies on one card is not implemented.
+Nodes score, as in HAMi, the sum over containers of (most dies on one card / dies).
+Difference from HAMi: groups of equal size are taken in card-name order (HAMi: Go map order, i.e. random).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from hami import annotations as A
 from hami.model import ContainerRequest, Device
 from hami.vendors import common as C
+from hami.vendors.base import group_score
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class VastaiVendor(C.ShareVendor):
     nouse_uuid_key = "vastaitech.com/nouse-gpuuuid"
     uses_node_lock = True
     custom_fit = True
+    scores_nodes = True
 
     def __init__(self, config: VastaiConfig | None = None) -> None:
         self.config = config or VastaiConfig()
@@ -116,6 +118,16 @@ class VastaiVendor(C.ShareVendor):
                 groups.setdefault(getattr(d, "aic", ""), []).append(d)
             ordered = [d for _, g in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])) for d in g]
         return [C.take(d, req, 0, 0) for d in ordered[: req.nums]], reasons
+
+    def node_score(self, containers, *, cards, node_policy):  # noqa: ANN001, ANN201
+        """HAMi: sum over containers of (most dies on one card / dies); 0 unless every card is a die."""
+
+        def card_of(uuid: str) -> str | None:
+            d = cards.get(uuid)
+            return d.aic if isinstance(d, VastaiDevice) and d.strategy == "die" and d.aic else None
+
+        s = group_score(containers, card_of)
+        return 0.0 if s is None else s
 
 
 def build(config: VastaiConfig, device_config: Any) -> list[VastaiVendor]:

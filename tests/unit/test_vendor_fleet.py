@@ -152,3 +152,52 @@ def test_exact_annotations_of_every_vendor_in_one_fleet():
     for cw, (pins, expected) in EXPECTED.items():
         out = st_.filter(pod(f"x-{cw.lower()}", container("c", ONE_SHARE[cw][0]), annotations=pins), NAMES)
         assert {k: out.annotations.get(k) for k in expected} == expected, cw
+
+
+# ---------------------------------------------------------------------------------------------------
+# Vendor node scores (HAMi ScoreNode): the topology term decides between fitting nodes.
+
+
+def test_metax_topology_table_picks_the_node_with_the_lowest_loss():
+    cap = {"metax-tech.com/gpu": "4"}
+    lossy = node(
+        "mx-lossy", capacity=cap, annotations={"metax-tech.com/gpu.topology.losses": '{"1":0,"2":480}'}
+    )
+    tight = node(
+        "mx-tight", capacity=cap, annotations={"metax-tech.com/gpu.topology.losses": '{"1":0,"2":120}'}
+    )
+    st_ = state(lossy, tight)
+    out = st_.filter(pod("m", container("c", {"metax-tech.com/gpu": 2})), ["mx-lossy", "mx-tight"])
+    assert out.node == "mx-tight"
+    assert out.failed_nodes["mx-lossy"] == "node mx-tight preferred by the Metax-GPU topology score"
+    v = VENDORS["Metax-GPU"]
+    cards = {d.uuid: d for d in v.node_devices(tight)}
+    two = [[c for c in out.devices["Metax-GPU"][0]]]
+    assert v.node_score(two, cards=cards, node_policy="binpack") == 2000 - 120
+    assert v.node_score(two, cards=cards, node_policy="spread") == 0.0  # no scores table on the node
+
+
+def test_ascend_network_id_score_keeps_a_containers_npus_in_one_network():
+    v = VENDORS["Ascend910B3"]
+    (n,) = [FLEET["Ascend910B3"]]
+    cards = {d.uuid: d for d in v.node_devices(n)}
+    from hami.model import ContainerDevice
+
+    same = [
+        [
+            ContainerDevice("ascend-7a2c-0", "Ascend910B3", 0, 0),
+            ContainerDevice("ascend-7a2c-1", "Ascend910B3", 0, 0),
+        ]
+    ]
+    assert v.node_score(same, cards=cards, node_policy="binpack") == 10.0
+    split_reg = (
+        '[{"id":"s-0","count":7,"devmem":65536,"devcore":20,"type":"Ascend910B3","health":true,"custominfo":{"NetworkID":0}},'
+        '{"id":"s-1","index":1,"count":7,"devmem":65536,"devcore":20,"type":"Ascend910B3","health":true,"custominfo":{"NetworkID":1}}]'
+    )
+    split = node("aaa-split", annotations={"hami.io/node-register-Ascend910B3": split_reg})
+    out = state(split, n).filter(
+        pod("p", container("c", {"huawei.com/Ascend910B3": 2})), ["aaa-split", "npu-a"]
+    )
+    # Both empty: the node policy alone would take aaa-split (ties by name); one NetworkID wins.
+    assert out.node == "npu-a"
+    assert out.failed_nodes["aaa-split"] == "node npu-a preferred by the Ascend910B3 topology score"
