@@ -23,6 +23,7 @@ from hami.errors import ConfigError, InvalidRequest
 from hami.simulate import kubeyaml, openb
 from hami.simulate.engine import Mode, Policy, RunResult, parse_policy, run
 from hami.simulate.generate import DEFAULT_NODES, DEFAULT_PODS, generate_nodes, generate_pods
+from hami.simulate.mixed import VENDOR_NAMES, config_for, generate_mixed, parse_vendor_shares
 from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, Workload, parse_gpu_models
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
@@ -62,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NODES,PODS",
         default=f"{DEFAULT_NODES},{DEFAULT_PODS}",
         help="size of the built-in cluster and workload (default %(default)s)",
+    )
+    inputs.add_argument(
+        "--vendors",
+        metavar="VENDOR=SHARE,...",
+        help="built-in mixed-vendor fleet: node shares per vendor, e.g. nvidia=70,ascend=10,cambricon=10,amd=10 "
+        "(vendors: " + ", ".join(VENDOR_NAMES) + "; see docs/vendors.md)",
     )
     run_g = p.add_argument_group("replay")
     run_g.add_argument(
@@ -273,6 +280,11 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
             raise InvalidRequest(f"{flag}: empty file name")
     models = parse_gpu_models(args.gpu_models)
     size_nodes, size_pods = _generate_size(args.generate)
+    if getattr(args, "vendors", None):
+        if args.nodes is not None or args.pods is not None:
+            raise InvalidRequest("--vendors: only for the built-in generated fleet; drop --nodes and --pods")
+        shares = parse_vendor_shares(args.vendors)
+        return generate_mixed(config=config, shares=shares, nodes=size_nodes, pods=size_pods, seed=args.seed)
     nodes: list[SimNode]
     pods: list[SimPod]
     if args.nodes is not None:
@@ -336,6 +348,8 @@ def run_simulate(
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     config = _load_config(args.config)
+    if getattr(args, "vendors", None):
+        config = config_for(config, parse_vendor_shares(args.vendors))  # Ascend/Iluvatar are switched vendors
     policies, compare = _policies(args, config)
     mode = Mode(args.mode)
     if mode is Mode.TRACE and args.arrival is not None:

@@ -81,3 +81,29 @@ def test_yaml_nodes_of_any_vendor(tmp_path):
         match=r"bad.yaml:1: Node m: MLU inventory: status.capacity\[cambricon.com/mlu.smlu.vcore\]",
     ):
         kubeyaml.load_nodes(bad, config=DeviceConfig())
+
+
+def test_cli_vendors_flag_runs_a_mixed_fleet_and_rejects_file_input(capsys):
+    from hami.cli import main
+
+    rc = main(
+        [
+            "simulate",
+            "--generate",
+            "30,300",
+            "--vendors",
+            "nvidia=50,ascend=25,amd=25",
+            "--no-progress",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    import json
+
+    j = json.loads(capsys.readouterr().out)
+    assert j["nodes"] == 30 and j["scheduled"] > 0
+    rc = main(["simulate", "--vendors", "nvidia=1", "--nodes", "x.yaml", "--no-progress"])
+    assert rc == 2
+    assert (
+        "--vendors: only for the built-in generated fleet; drop --nodes and --pods" in capsys.readouterr().err
+    )
