@@ -363,6 +363,51 @@ class ClusterState:
     # ------------------------------------------------------------------------------------------
     # filter
 
+    def _best_by_vendor_scores(
+        self,
+        first: _Node,
+        first_fit: Any,
+        rest: Sequence[tuple[Any, str, _Node]],
+        containers: Sequence[ContainerSpec],
+        selections: Mapping[str, Selection],
+        policy: Any,
+        quota: Any,
+        scorers: Sequence[Vendor],
+        failed: dict[str, str] | None,
+    ) -> tuple[_Node, Any]:
+        """For pods of vendors with a topology term (`Vendor.node_score`: MetaX GPU topology tables,
+        Ascend NetworkIDs, Vastai dies): fit the other candidates too and keep the node with the highest
+        vendor term, ties going to the node policy's order (`first` is the policy's best fitting node)."""
+
+        def term(n: _Node, f: Any) -> float:
+            return sum(
+                v.node_score(
+                    f.devices.get(v.common_word, []),
+                    cards={d.uuid: d for d in n.devices.get(v.common_word, ())},
+                    node_policy=policy.node.value,
+                )
+                for v in scorers
+            )
+
+        best = ((-term(first, first_fit), -1), first, first_fit)
+        for i, (_, _, n) in enumerate(sorted(rest, key=lambda item: (item[0], item[1]))):
+            f = fit_pod(containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota)
+            if f.ok:
+                cand = ((-term(n, f), i), n, f)
+                if cand[0] < best[0]:
+                    best = cand
+            elif failed is not None:
+                failed[n.name] = f.reason_text()
+        chosen = best[1]
+        if failed is not None and chosen is not first:
+            failed.pop(chosen.name, None)
+            why = f"node {chosen.name} preferred by the {'/'.join(v.common_word for v in scorers)} topology score"
+            failed[first.name] = why
+            for name, text in list(failed.items()):
+                if text.startswith(f"node {first.name} preferred by node policy"):
+                    failed[name] = why
+        return chosen, best[2]
+
     def pod_requests(self, pod: Mapping[str, Any]) -> list[ContainerSpec]:
         """Per container (init first) its device requests. Raises InvalidRequest for bad quantities."""
         return pods.requests(pod, self.vendors)
@@ -437,6 +482,11 @@ class ClusterState:
                 failed[n.name] = fit.reason_text()
             if chosen is None:
                 return out
+            scorers = [self.vendors[v] for v in wanted if self.vendors[v].scores_nodes]
+            if scorers:
+                chosen, fit = self._best_by_vendor_scores(
+                    chosen, fit, heap, containers, selections, policy, quota, scorers, failed if explain else None
+                )
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
             self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time()))
         out.node, out.devices = chosen.name, fit.devices
