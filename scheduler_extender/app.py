@@ -18,6 +18,7 @@ import hami
 from hami.cluster import ClusterState
 from hami.kube import KubeClient
 from scheduler_extender.events import EventSink
+from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.options import ExtenderOptions
 from scheduler_extender.routes import make_app
@@ -61,6 +62,7 @@ class Server:
         )
         self.metrics = ExtenderMetrics(self.state, version=getattr(hami, "__version__", ""))
         self.inflight = Inflight(options.reservation_ttl)
+        self.lock_queues = LockQueues()
         self.runtime = Runtime(
             self.client,
             self.state,
@@ -68,6 +70,7 @@ class Server:
             election=options.election,
             sync=options.sync,
             inflight=self.inflight,
+            lock_queues=self.lock_queues,
         )
         self.events = EventSink(
             self.client.create_event,
@@ -82,6 +85,7 @@ class Server:
                 scheduler_name=name,
                 node_lock_expiry_s=options.node_lock_timeout,
                 async_record=options.async_record,
+                bind_lock_wait_s=options.bind_lock_wait,
             ),
             metrics=self.metrics,
             events=self.events,
@@ -89,6 +93,7 @@ class Server:
             inflight=self.inflight,
             pod_lookup=self._cached_pod,
             node_lookup=self._cached_node,
+            lock_queues=self.lock_queues,
         )
         self.app = make_app(self.extender, max_body_bytes=options.max_request_bytes)
         self.ssl_context = tls_context(options.tls_cert_file, options.tls_private_key_file)

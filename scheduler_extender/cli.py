@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect-retry-period", type=duration, default=2.0, help="default 2s")
     p.add_argument("--node-lock-timeout", type=duration, default=300.0,
                    help="a node lock older than this is taken over (HAMi --node-lock-timeout, default 5m)")  # fmt: skip
+    p.add_argument("--bind-lock-wait", "--node-lock-retry-timeout", dest="bind_lock_wait", type=duration,
+                   default=25.0,
+                   help="a bind that finds the node lock held waits up to this long for it, in a per-node "
+                   "queue woken by the node watch, before failing (default 25s, below the chart's 30s "
+                   "httpTimeout; 0 = fail at once like HAMi). --node-lock-retry-timeout is HAMi v2.10's name")  # fmt: skip
     p.add_argument("--register-interval", type=duration, default=15.0,
                    help="node liveness pass and handshake stamps (default 15s; 0 turns both off)")  # fmt: skip
     p.add_argument("--handshake-timeout", type=duration, default=60.0,
@@ -150,6 +155,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
             f"{values['gc_full_interval']:g}s: want 0 (off) or an interval no longer than the "
             "full-collection interval"
         )
+    if values["bind_lock_wait"] < 0:
+        parser.error(f"--bind-lock-wait {values['bind_lock_wait']:g}s: want 0 (fail at once) or a positive duration")
     if bool(values["tls_cert_file"]) != bool(values["tls_private_key_file"]):
         parser.error("--tls-cert-file and --tls-private-key-file go together")
     return ExtenderOptions(device_config=supplied["device_config"], **values)

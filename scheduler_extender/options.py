@@ -82,6 +82,10 @@ class ExtenderOptions:
     """``--leader-elect-retry-period``, seconds (default 2 s)."""
     node_lock_timeout: float = NODE_LOCK_EXPIRY_S
     """``--node-lock-timeout``, seconds: an older node lock is taken over (HAMi default 5 min)."""
+    bind_lock_wait: float = 25.0
+    """``--bind-lock-wait`` (alias ``--node-lock-retry-timeout``, HAMi v2.10), seconds: a bind that finds
+    the node lock held waits this long for it (woken by the node watch) before failing; 0 fails at
+    once (HAMi before v2.10). Keep it below kube-scheduler's extender ``httpTimeout`` (chart: 30 s)."""
     register_interval: float = 15.0
     """``--register-interval``, seconds: node liveness pass and handshake stamps; 0 turns both off."""
     handshake_timeout: float = HANDSHAKE_TIMEOUT_S

@@ -16,6 +16,7 @@ import threading
 
 from hami.cluster import ClusterState
 from hami.kube import KubeClient, LeaderElector
+from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.options import LeaderElection, SyncOptions
 from scheduler_extender.sync import ClusterSync, Inflight
@@ -27,7 +28,8 @@ class Runtime:
     """Starts and stops terms; `readiness()` is None only for a leader whose caches synced this term.
 
     `sync` configures every term's `ClusterSync`; `inflight` (the filter's pending writes, shared with
-    the service) is emptied when a term ends; `election` None = no leader election.
+    the service) is emptied when a term ends; `lock_queues` (binds waiting for a node lock) are woken
+    by every term's watches; `election` None = no leader election.
     """
 
     def __init__(
@@ -39,8 +41,10 @@ class Runtime:
         election: LeaderElection | None = None,
         sync: SyncOptions | None = None,
         inflight: Inflight | None = None,
+        lock_queues: LockQueues | None = None,
     ) -> None:
         self.client = client
+        self.lock_queues = lock_queues
         self.state = state
         self.metrics = metrics
         self.sync_options = sync or SyncOptions()
@@ -77,8 +81,9 @@ class Runtime:
             self.term += 1
             log.info("term %d: rebuilding state from the API server", self.term)
             self.sync = ClusterSync(
-                self.client, self.state, inflight=self.inflight, **dataclasses.asdict(self.sync_options)
-            ).start()
+                self.client, self.state, inflight=self.inflight, lock_queues=self.lock_queues,
+                **dataclasses.asdict(self.sync_options),
+            ).start()  # fmt: skip
         self._gauges()
 
     def _end_term(self) -> None:

@@ -50,6 +50,7 @@ from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention,
 from hami.nodelock import NODE_LOCK_EXPIRY_S, NodeMutexes, lock_node, release_node_lock
 from hami.vendors import pod_takes_node_lock
 from scheduler_extender import events as ev
+from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.sync import Inflight
 from scheduler_extender.wire import (
@@ -77,6 +78,10 @@ class Settings:
     #: ``--async-record``: answer /filter once the decision is reserved and write the pod patch in the
     #: background; /bind waits for that write (and fails if it failed) before taking the node lock.
     async_record: bool = False
+    #: ``--bind-lock-wait``: seconds a bind that finds the node lock held waits for it in the node's
+    #: FIFO (`scheduler_extender.lockwait`) before failing; 0 fails at once (HAMi). Keep it below
+    #: kube-scheduler's extender httpTimeout.
+    bind_lock_wait_s: float = 25.0
 
 
 class BindFailure(Exception):
@@ -85,6 +90,10 @@ class BindFailure(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class LockHeld(BindFailure):
+    """The node lock is held by another live pod (the bind may wait for it: `Settings.bind_lock_wait_s`)."""
 
 
 class Extender:
@@ -109,8 +118,11 @@ class Extender:
         pod_lookup: Callable[[str, str], dict[str, Any] | None] = lambda _ns, _name: None,
         node_lookup: Callable[[str], dict[str, Any] | None] = lambda _name: None,
         node_mutexes: NodeMutexes | None = None,
+        lock_queues: LockQueues | None = None,
     ) -> None:
         self.state = state
+        # Binds waiting for a held node lock, woken by the watches (scheduler_extender.lockwait).
+        self.lock_queues = lock_queues if lock_queues is not None else LockQueues()
         # This process's node-lock writers take turns per node (hami.nodelock.NodeMutexes).
         self.node_mutexes = node_mutexes if node_mutexes is not None else NodeMutexes()
         self.pod_lookup = pod_lookup
@@ -358,7 +370,7 @@ class Extender:
             not_ready = self.readiness()
             if not_ready is not None:
                 raise BindFailure("not_ready", f"extender not ready: {not_ready}")
-            await asyncio.to_thread(self._bind_sync, args)
+            await self._bind_waiting(args)
             result = bind_result()
             self.metrics.binds.labels("bound").inc()
         except InvalidRequest as e:
@@ -382,6 +394,56 @@ class Extender:
             self.metrics.binds.labels("error").inc()
         self.metrics.bind_latency.observe(time.perf_counter() - t0)
         return result
+
+    async def _bind_waiting(self, a: BindArgs) -> None:
+        """Bind; while the node lock is held by another pod, wait in the node's FIFO (lock pipelining).
+
+        A bind arriving while others wait for the node queues behind them without trying. The head
+        tries again whenever the watch saw something that may have freed the lock; after
+        `Settings.bind_lock_wait_s` seconds (or when the pod is deleted) it fails as a bind without
+        waiting would.
+        """
+        budget = self.settings.bind_lock_wait_s
+        queues = self.lock_queues
+        if budget <= 0 or self.client is None:
+            await asyncio.to_thread(self._bind_sync, a)
+            return
+        loop = asyncio.get_running_loop()
+        queues.attach(loop)
+        deadline = loop.time() + budget
+        # Queued before the first try, so that a release seen by the watch while that try is in flight
+        # is not lost; alone in the queue it tries at once, behind others it waits for its turn.
+        waiter = queues.join(a.node, a.pod_uid or f"{a.pod_namespace}/{a.pod_name}")
+        held: LockHeld | None = None
+        try:
+            while True:
+                await self._await_turn(a, waiter, deadline, held)
+                try:
+                    await asyncio.to_thread(self._bind_sync, a)
+                except LockHeld as e:
+                    held = e
+                    continue
+                queues.leave(waiter, got_lock=True)
+                return
+        finally:
+            queues.leave(waiter)
+
+    async def _await_turn(self, a: BindArgs, waiter: Any, deadline: float, held: LockHeld | None) -> None:
+        """Wait for `waiter`'s turn; raise the bind's failure when the wait ends without one."""
+        why = await self.lock_queues.turn(waiter, deadline)
+        if why is None:
+            return None
+        who = f"pod {a.pod_namespace}/{a.pod_name}"
+        if why == "gone":
+            raise BindFailure(
+                "pod_gone", f"binding {who} to {a.node} failed: the pod was deleted while waiting for the node lock"
+            )
+        waited = f"waited {self.settings.bind_lock_wait_s:g}s for it (--bind-lock-wait)"
+        if held is not None:
+            raise LockHeld("lock", f"{held}; {waited}")
+        raise LockHeld(
+            "lock", f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}"
+        )
 
     def _bind_sync(self, a: BindArgs) -> None:
         ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
@@ -427,7 +489,7 @@ class Extender:
                     cached=self.node_lookup(node), mutexes=self.node_mutexes,
                 )  # fmt: skip
         except NodeLockContention as e:
-            raise BindFailure("lock", f"binding {who} to {node} failed: {e}") from None
+            raise LockHeld("lock", f"binding {who} to {node} failed: {e}") from None
         except NotFound:
             self._release_reservation(uid)
             raise BindFailure(

@@ -31,6 +31,7 @@ from hami.cluster import ClusterState
 from hami.errors import HamiError
 from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 from hami.kube import KubeClient, Reflector
+from scheduler_extender.lockwait import LockQueues, lock_freed, owner_done_node, placed_node
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,11 @@ class ClusterSync:
         watch_timeout_s: float = 300.0,
         clock: Callable[[], datetime] = datetime.now,
         inflight: Inflight | None = None,
+        lock_queues: LockQueues | None = None,
     ) -> None:
         self.client = client
+        # Binds waiting for a node lock are woken from these watches (scheduler_extender.lockwait).
+        self.lock_queues = lock_queues
         self.inflight = inflight if inflight is not None else Inflight(reservation_ttl_s)
         self.state = state
         self.register_interval_s = register_interval_s
@@ -251,6 +255,9 @@ class ClusterSync:
                 self._apply_node(node)
 
     def _node_updated(self, old: dict[str, Any], new: dict[str, Any]) -> None:
+        queues = self.lock_queues
+        if queues is not None and queues.active and lock_freed(old, new):
+            queues.notify((new.get("metadata") or {}).get("name", ""))
         # Every bind writes the node lock twice (take, release); re-parsing the registration for
         # those would be most of the node events' cost on a busy cluster.
         if _node_inputs(old) != _node_inputs(new):
@@ -262,6 +269,8 @@ class ClusterSync:
                 name = (node.get("metadata") or {}).get("name", "")
                 self._health.pop(name, None)
                 self.state.remove_node(name)
+        if self.lock_queues is not None:
+            self.lock_queues.notify((node.get("metadata") or {}).get("name", ""))  # waiters fail fast
 
     def _pod_event(self, pod: dict[str, Any]) -> None:
         with self._lock, self.inflight.lock:
@@ -272,6 +281,11 @@ class ClusterSync:
         # Most pod updates after our filter patch are the Binding (nodeName, bind-phase) and the device
         # plugin's bind-phase success: nothing ClusterState counts changed, so skip the decode. Only
         # when no write of ours is pending: then `admits` would pass and upsert_pod be a no-op.
+        queues = self.lock_queues
+        if queues is not None and queues.active:
+            node = owner_done_node(old, new)
+            if node:
+                queues.notify(node)  # the lock owner finished: its lock is dangling now
         uid = (new.get("metadata") or {}).get("uid", "")
         if uid not in self.inflight and self._pod_inputs(old) == self._pod_inputs(new):
             return
@@ -301,6 +315,12 @@ class ClusterSync:
             if not self._closed:
                 self.inflight.forget(uid)
                 self.state.remove_pod(uid)
+        queues = self.lock_queues
+        if queues is not None and queues.active:
+            queues.pod_gone(uid)  # a waiting bind of this pod leaves the queue
+            node = placed_node(pod)
+            if node:
+                queues.notify(node)  # a lock it held is dangling now
 
     def _quota_event(self, quota: dict[str, Any]) -> None:
         with self._lock:

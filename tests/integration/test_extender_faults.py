@@ -248,17 +248,32 @@ async def test_binding_conflict_when_already_bound_to_the_same_node_is_success(
     assert other == {"Error": "binding pod default/twice to node2 failed: the pod is already bound to node1"}
 
 
-async def test_lock_contention_is_reported_with_the_holder(fake_apiserver, extender, session) -> None:
-    api, sched = fake_apiserver, Scheduler(session, extender.url)
-    first = await filtered(api, sched, "first")
-    second = await filtered(api, sched, "second")
-    assert await sched.bind(first, "node1") == {"Error": ""}
-    result = await sched.bind(second, "node1")
-    assert result["Error"].startswith(
-        "binding pod default/second to node1 failed: node node1 is locked by default/first since "
-    )
-    assert result["Error"].endswith("pod default/second must wait until that pod's devices are allocated")
-    assert lock_of(api, "node1").endswith(",default,first")
+@pytest.mark.parametrize(
+    ("wait", "tail"),
+    [
+        ("0", "pod default/second must wait until that pod's devices are allocated"),
+        ("0.3s", "must wait until that pod's devices are allocated; waited 0.3s for it (--bind-lock-wait)"),
+    ],
+    ids=["fail-at-once", "after-the-wait"],
+)
+async def test_lock_contention_is_reported_with_the_holder(fake_apiserver, session, wait, tail) -> None:
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 2)))
+    server = await start_extender(fake_apiserver, "--bind-lock-wait", wait)
+    try:
+        await wait_ready(server)
+        api, sched = fake_apiserver, Scheduler(session, server.url)
+        first = await filtered(api, sched, "first")
+        second = await filtered(api, sched, "second")
+        assert await sched.bind(first, "node1") == {"Error": ""}
+        result = await sched.bind(second, "node1")
+        assert result["Error"].startswith(
+            "binding pod default/second to node1 failed: node node1 is locked by default/first since "
+        )
+        assert result["Error"].endswith(tail)
+        assert lock_of(api, "node1").endswith(",default,first")
+        assert server.lock_queues.waiting() == 0
+    finally:
+        await server.stop()
 
 
 async def test_dropped_and_expired_watches_are_recovered(fake_apiserver, extender, session) -> None:
