@@ -3,6 +3,7 @@ a property test that incremental usage equals the rebuild from annotations with 
 
 import copy
 
+import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -201,3 +202,27 @@ def test_ascend_network_id_score_keeps_a_containers_npus_in_one_network():
     # Both empty: the node policy alone would take aaa-split (ties by name); one NetworkID wins.
     assert out.node == "npu-a"
     assert out.failed_nodes["aaa-split"] == "node npu-a preferred by the Ascend910B3 topology score"
+
+
+def test_webhook_patches_of_vendor_mutations_and_idempotence():
+    mut = Mutator(list(VENDORS.values()), WebhookSettings())
+    cases = {
+        "metax-qos": ({"metax-tech.com/sgpu": 1},
+                      [{"op": "add", "path": "/metadata/annotations/metax-tech.com~1sgpu-qos-policy", "value": "best-effort"}]),
+        "mthreads-whole": ({"mthreads.com/vgpu": 2}, [
+            {"op": "add", "path": "/metadata/annotations/mthreads.com~1request-gpu-num", "value": "2"},
+            {"op": "add", "path": "/spec/containers/0/resources/limits/mthreads.com~1sgpu-core", "value": "32"},
+            {"op": "add", "path": "/spec/containers/0/resources/limits/mthreads.com~1sgpu-memory", "value": "192"}]),
+        "iluvatar-env": ({"iluvatar.ai/BI-V150-vgpu": 2}, [
+            {"op": "add", "path": "/spec/containers/0/resources/limits/iluvatar.ai~1BI-V150.vCore", "value": "200"},
+            {"op": "add", "path": "/spec/containers/0/env", "value": [{"name": "SOL_CONTINER_NAME", "value": "c"}]}]),
+        "ascend-template": ({"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 12000}, [
+            {"op": "replace", "path": "/spec/containers/0/resources/limits/huawei.com~1Ascend910B3-memory", "value": "16384"},
+            {"op": "add", "path": "/spec/containers/0/resources/requests", "value": {"huawei.com/Ascend910B3-memory": "16384"}}]),
+    }  # fmt: skip
+    for name, (limits, patch) in cases.items():
+        p = pod(f"w-{name}", container("c", limits))
+        d = mut.mutate_pod(copy.deepcopy(p))
+        assert d.allowed and list(d.patch) == patch, (name, d.patch)
+        again = mut.mutate_pod(jsonpatch.apply_patch(p, list(d.patch)))
+        assert list(again.patch) == [], (name, again.patch)
