@@ -1,4 +1,4 @@
-"""The `hami` command: a thin dispatcher over subcommands (`simulate` for now).
+"""The `hami` command: a thin dispatcher over subcommands (`simulate`, `inspect`, `explain`).
 
 Users see one line on stderr and exit status 2 for anything wrong with what they gave us (a flag, a
 file, a row), never a traceback; an unexpected failure is one line and status 1 (set HAMI_DEBUG=1 to
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes/--pods a built-in generated cluster and workload are used.",
     )
     add_arguments(sim)
+    from hami.tools.command import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -62,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
+        if getattr(args, "run", None) is not None:
+            return args.run(args)  # inspect, explain (hami.tools.command): they map their own errors
         from hami.simulate.command import run_simulate
 
         return run_simulate(args)

@@ -1,0 +1,7 @@
+"""The operator's tools: `hami inspect` (what is on each card) and `hami explain` (why is this pod Pending).
+
+Layers, downwards only: `command` (flags, exit codes, the one read through `hami.kube`) -> `snapshot`
+(the listed objects built into the same `ClusterState` the extender uses) -> `inspect` / `explain`
+(pure functions from a snapshot to report objects, using the real fit and filter) -> `render` (table,
+wide, json, yaml). `usage` joins the node monitors' figures; `kubectl` is the ``kubectl-hami`` plugin.
+"""
