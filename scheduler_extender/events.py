@@ -16,8 +16,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from hami.pods import ContainerSpec
+from hami.reasons import humanize
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +51,14 @@ def _names(nodes: list[str]) -> str:
     return shown + (f" and {len(nodes) - MAX_NAMES} more" if len(nodes) > MAX_NAMES else "")
 
 
-def filtering_failed_message(failed: Mapping[str, str]) -> str:
-    """``no available node, 3 nodes do not meet: 2 nodes 2/2 CardInsufficientMemory (n1, n2); ...``."""
-    parts = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} {reason} ({_names(nodes)})"
-             for reason, nodes in group_reasons(failed)]  # fmt: skip
+def filtering_failed_message(failed: Mapping[str, str], *, containers: Sequence[ContainerSpec] = ()) -> str:
+    """``no available node, 3 nodes do not meet: 2 nodes 2/2 CardInsufficientMemory (n1, n2); ...``.
+
+    With the pod's `containers` each reason also gets its sentence (`hami.reasons.humanize`), e.g.
+    ``1 node 1/1 NodeInsufficientDevice (needs 2 distinct cards, node has 1) (n1)``.
+    """
+    parts = [f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} {humanize(reason, containers) if containers else reason} "
+             f"({_names(nodes)})" for reason, nodes in group_reasons(failed)]  # fmt: skip
     return f"no available node, {len(failed)} nodes do not meet: " + "; ".join(parts)
 
 

@@ -238,7 +238,11 @@ class Extender:
             self.metrics.filter_failed("no_fit")
             self.metrics.filters.labels("unschedulable").inc()
             self.events.emit(
-                pod, reason=ev.FILTERING_FAILED, message=ev.filtering_failed_message(failed), warning=True
+                pod,
+                reason=ev.FILTERING_FAILED,
+                # The reasons in words too ("needs 2 distinct cards, node has 1"): the event is what users read.
+                message=ev.filtering_failed_message(failed, containers=self.state.pod_requests(pod)),
+                warning=True,
             )
             return filter_result(args, passed=[], failed=failed)
         for n in args.names:

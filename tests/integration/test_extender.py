@@ -139,8 +139,9 @@ async def test_nothing_fits_lists_every_node_with_its_reason_and_records_an_even
     (ev,) = [e for e in events_for(fake_apiserver, "huge") if e[0] == "FilteringFailed"]
     assert ev[1] == "Warning"
     assert ev[2] == (
-        "no available node, 3 nodes do not meet: 1 node 1/1 CardInsufficientMemory (node2); "
-        "1 node 2/2 CardInsufficientMemory (node1); 1 node node unregistered (ghost)"
+        "no available node, 3 nodes do not meet: 1 node 1/1 CardInsufficientMemory (no card has 40000 MiB free) "
+        "(node2); 1 node 2/2 CardInsufficientMemory (no card has 40000 MiB free) (node1); 1 node node unregistered "
+        "(ghost)"
     )
 
 

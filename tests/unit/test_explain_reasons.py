@@ -266,3 +266,18 @@ def test_cluster_state_unchanged_by_explain_trials() -> None:
     fresh = ClusterState()
     fresh.rebuild([o for o in objs if o["kind"] == "Node"], [o for o in objs if o["kind"] == "Pod"])
     assert fresh.usage_snapshot() == before
+
+
+def test_the_extenders_event_says_it_in_words() -> None:
+    from scheduler_extender.events import filtering_failed_message
+
+    failed = {"n1": "1/1 NodeInsufficientDevice", "n2": "1/1 NodeInsufficientDevice", "ghost": "node unregistered"}
+    msg = filtering_failed_message(failed, containers=_spec(ContainerRequest("NVIDIA", 2, 1000)))
+    assert msg == (
+        "no available node, 3 nodes do not meet: 2 nodes 1/1 NodeInsufficientDevice (needs 2 distinct cards, "
+        "node has 1) (n1, n2); 1 node node unregistered (ghost)"
+    )
+    assert filtering_failed_message(failed) == (
+        "no available node, 3 nodes do not meet: 2 nodes 1/1 NodeInsufficientDevice (n1, n2); 1 node node "
+        "unregistered (ghost)"
+    )
