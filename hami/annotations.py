@@ -220,6 +220,7 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
             raise AnnotationError(f"{where}: fields 'type' and 'mode' must be strings")
         if not isinstance(health, bool):
             raise AnnotationError(f"{where}: field 'health' must be true or false, got {health!r}")
+        _check_memory(ints["devmem"], where)
         out.append(
             Device(
                 uuid=uuid,
@@ -234,7 +235,35 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
                 vendor=vendor,
             )
         )
+    check_distinct_cards(out)
     return out
+
+
+def _check_memory(devmem: int, where: str) -> None:
+    if devmem == 0:
+        # A card without memory cannot take any share; a plugin that registers one lost its NVML reading.
+        raise AnnotationError(f"{where}: field 'devmem' must be > 0 MiB, got 0")
+
+
+def check_distinct_cards(devices: Sequence[Device], *, indexes: bool = True) -> None:
+    """Raise AnnotationError when two registered devices share an id or (with `indexes`) an index.
+
+    A card listed twice would be handed twice to one container (a ``gpu: 2`` container got one 40000 MiB
+    card twice, 60000 MiB booked on it); two cards of one index are one card seen twice, or a plugin
+    bug, and kubelet's device ids could not tell them apart. Positions in the messages are 0-based.
+    """
+    ids: dict[str, int] = {}
+    seen_index: dict[int, int] = {}
+    for i, d in enumerate(devices):
+        j = ids.setdefault(d.uuid, i)
+        if j != i:
+            raise AnnotationError(f"devices {j} and {i} both have id {d.uuid!r}; every card must be listed once")
+        j = seen_index.setdefault(d.index, i) if indexes else i
+        if j != i:
+            raise AnnotationError(
+                f"devices {j} ({devices[j].uuid}) and {i} ({d.uuid}) both have index {d.index}; every card "
+                "needs its own index"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -262,6 +291,7 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
     if DEVICE_SEP not in value:
         raise AnnotationError("colon registration format needs ':' after every device")
     out: list[Device] = []
+    indexed = True
     for i, frag in enumerate(value.split(DEVICE_SEP)):
         if not frag.strip():
             continue
@@ -282,6 +312,7 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
         for k, v in ints.items():
             if v < 0:
                 raise AnnotationError(f"{where}: field {k!r} must be >= 0, got {v}")
+        _check_memory(ints["devmem"], f"{where} ({f[0]})")
         out.append(
             Device(
                 uuid=f[0],
@@ -296,6 +327,9 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
                 vendor=vendor,
             )
         )
+        indexed = indexed and len(f) == 9
+    # The 7-field form carries no index (every card reads as index 0), so only ids are compared there.
+    check_distinct_cards(out, indexes=indexed)
     return out
 
 
