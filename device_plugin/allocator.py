@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from device_plugin import vgpu_config
 from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused, ApiUnavailable
@@ -468,6 +469,13 @@ class Allocator:
             envs[ENV_LOG_LEVEL] = s.lib_cuda_log_level
         if s.disable_core_limit:
             envs[ENV_CORE_POLICY] = "disable"
+        # libvgpu's read-only config file (limits for processes with a scrubbed environment) and the
+        # node-wide per-card regions (fair sharing between the card's containers): vgpu_config.py
+        envs[vgpu_config.ENV_CARD_DIR] = str(vgpu_config.card_dir(s.vgpu_dir))
+        try:
+            extra = await asyncio.to_thread(vgpu_config.prepare, s.vgpu_dir, cache_dir, envs, recorded, ctr)
+        except (OSError, vgpu_config.ConfigFileError) as e:
+            raise await refuse("host_dir", f"cannot write the libvgpu config file or card regions: {e}") from None
         mounts = [
             pb.Mount(container_path=str(lib), host_path=str(lib), read_only=True),
             pb.Mount(container_path=str(s.vgpu_dir), host_path=str(cache_dir), read_only=False),
@@ -475,6 +483,8 @@ class Allocator:
         ]
         if control:
             mounts.append(pb.Mount(container_path=CTR_PRELOAD, host_path=str(preload), read_only=True))
+        mounts += [pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+                   for m in extra]  # fmt: skip
         return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
 
     def _prepare_dirs(self, pod_uid: str, container: str) -> Path:

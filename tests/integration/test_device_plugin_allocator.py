@@ -197,6 +197,7 @@ async def test_extender_pod_gets_exactly_the_recorded_card_and_limits(
         "CUDA_DEVICE_MEMORY_LIMIT_0": "3000m",
         "CUDA_DEVICE_SM_LIMIT": "30",
         "LIBCUDA_LOG_LEVEL": "1",
+        "LIBVGPU_CARD_DIR": f"{hook}/vgpu/cards",
     }
     uid = pod["metadata"]["uid"]
     cache_dir = hook / "vgpu" / "containers" / f"{uid}_main"
@@ -205,6 +206,8 @@ async def test_extender_pod_gets_exactly_the_recorded_card_and_limits(
         (f"{hook}/vgpu", str(cache_dir), False),
         ("/tmp/vgpulock", str(tmp_path / "vgpulock"), False),
         ("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
+        (f"{hook}/vgpu/vgpu.config", str(cache_dir / "vgpu.config"), True),  # libvgpu's config file
+        (f"{hook}/vgpu/cards/{B}.card", f"{hook}/vgpu/cards/{B}.card", False),  # the card's shared region
     ]
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o777
     annos = pod_annos(apiserver, "gpu-pod")

@@ -108,7 +108,6 @@ class Cli:
         out, err = p.communicate(timeout=timeout)
         return parse(p.returncode, out, err)
 
-
     def install(self, where: Path, config: str | bytes | None = None, lib: Path | None = None) -> Path:
         """Copies libvgpu.so (or `lib`) into `where`, with `config` as vgpu.config beside it (as
         the device plugin mounts them); LD_PRELOAD then names the copy. Returns the copy."""

@@ -119,7 +119,9 @@ def _mutations(base: bytes, n: int, seed: int):
             b = bytearray(b"\n".join(ls))
         elif how == 4:  # duplicate a line with another value
             ls = list(lines)
-            ls.insert(rng.randrange(len(ls)), b"CUDA_DEVICE_MEMORY_LIMIT_0=" + str(rng.randrange(10**6)).encode())
+            ls.insert(
+                rng.randrange(len(ls)), b"CUDA_DEVICE_MEMORY_LIMIT_0=" + str(rng.randrange(10**6)).encode()
+            )
             b = bytearray(b"\n".join(ls))
         elif how == 5:  # CRLF and stray spaces
             b = bytearray(bytes(b).replace(b"\n", b"\r\n").replace(b"=", b" = ", rng.randint(0, 1)))
@@ -149,3 +151,15 @@ def test_fuzzed_files_never_crash_and_never_go_unlimited(cli):
             if not Path(m).is_relative_to(cli.tmp):
                 Path(m).unlink(missing_ok=True)
     assert checked >= 5  # some mutations keep a readable file: those must still be limited
+
+
+def test_libvgpu_reads_what_the_device_plugin_renders(cli):
+    from device_plugin import vgpu_config
+
+    envs = {"NVIDIA_VISIBLE_DEVICES": "GPU-x", "CUDA_DEVICE_MEMORY_LIMIT_0": "48m", "CUDA_DEVICE_SM_LIMIT": "0",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cli.cache), "LIBVGPU_CARD_DIR": str(cli.tmp / "cards")}  # fmt: skip
+    cli.install(cli.tmp / "vgpu", vgpu_config.render(envs, priority="1"))
+    r = cli.run_clean("init", "meminfo", "alloc", "49m", "alloc", "48m")
+    assert r.op(1) == ["meminfo", "0", str(48 * MIB), str(48 * MIB)]
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+    assert [ln for ln in r.stderr.splitlines() if "out of memory" not in ln] == []  # nothing else to say

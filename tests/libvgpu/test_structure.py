@@ -60,7 +60,9 @@ def call_graph(objects: dict[str, Path]) -> dict[str, set[str]]:
         for name in defined:
             assert name not in owner, f"{name} defined in {owner.get(name)} and {src}"
             owner[name] = src
-    return {src: {owner[u] for u in und if u in owner and owner[u] != src} for src, (_, und, _) in syms.items()}
+    return {
+        src: {owner[u] for u in und if u in owner and owner[u] != src} for src, (_, und, _) in syms.items()
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -10,7 +10,6 @@ from hami.errors import InvalidRequest
 from tests.bool_table import ROWS
 
 
-
 def test_table_has_every_reading():
     readings = {r for _, r in ROWS}
     assert readings == {"true", "false", "invalid"}
