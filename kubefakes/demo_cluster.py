@@ -36,6 +36,7 @@ DEMO_NOW = datetime(2026, 5, 4, 10, 0, 0, tzinfo=UTC)
 def cards(
     node: str, n: int, mem: int, model: str, *, count: int = 10, numa: tuple[int, ...] = (), **kw: Any
 ) -> list[Device]:
+    """`n` cards ``GPU-<node>-<i>`` of `mem` MiB, 100 % cores, `count` shares; `numa` per card (default 0)."""
     return [
         Device(f"GPU-{node}-{i}", i, count, mem, 100, model, numa[i] if numa else 0, **kw) for i in range(n)
     ]
@@ -43,11 +44,13 @@ def cards(
 
 def node(name: str, devices: list[Device], *, now: datetime, annotations: dict[str, str] | None = None,
           gpus: int | None = None, unschedulable: bool = False) -> dict[str, Any]:  # fmt: skip
+    """A Node as kubelet and the NVIDIA device plugin leave it: registration and a Reported handshake, allocatable
+    ``nvidia.com/gpu`` = the cards' shares (or `gpus`), InternalIP 127.0.0.1; `unschedulable` = kubectl cordon."""
     annos = {A.NVIDIA_REGISTER: A.encode_node_devices_json(devices)} if devices else {}
     if devices:
-        annos[A.NVIDIA_HANDSHAKE] = A.encode_handshake(
-            A.HANDSHAKE_REPORTED, now.astimezone().replace(tzinfo=None)
-        )
+        # In UTC, so the examples read the same on every machine (a Reported_ stamp is never judged by age).
+        stamp = now.astimezone(UTC).replace(tzinfo=None)
+        annos[A.NVIDIA_HANDSHAKE] = A.encode_handshake(A.HANDSHAKE_REPORTED, stamp)
     annos.update(annotations or {})
     res = {"cpu": "64", "memory": "256Gi", "pods": "110"}
     if devices:
@@ -66,6 +69,7 @@ def node(name: str, devices: list[Device], *, now: datetime, annotations: dict[s
 
 
 def limits(gpu: int, mem: int | None, cores: int | None) -> dict[str, str]:
+    """HAMi's NVIDIA limits: `gpu` cards, `mem` MiB (``nvidia.com/gpumem``), `cores` percent; None leaves one out."""
     out = {"nvidia.com/gpu": str(gpu)}
     if mem is not None:
         out["nvidia.com/gpumem"] = str(mem)

@@ -77,7 +77,8 @@ class RunnerUp:
 class Explanation:
     """`status`: ``pending`` (no node fits), ``fits-now`` (pending, but a node fits: the next retry
     places it), ``scheduled``, ``rejected`` (the admission webhook would deny it), ``no-devices``,
-    ``finished``."""
+    ``finished``, ``other-scheduler`` (another scheduler's pod: the webhook did not run), ``bypassed``
+    (``spec.nodeName`` set by hand, no card chosen)."""
 
     pod: str
     status: str
@@ -342,6 +343,19 @@ def _pods_to_end(
     return Suggestion("end-pods", f"on {n}, if {', '.join(refs)} ended ({mem} MiB)", n, end_pods=refs)
 
 
+def _annotation_mistakes(snapshot: Snapshot, pod: Mapping[str, Any]) -> list[str]:
+    """Resource names written as pod annotations: the scheduler reads only `resources.limits`, so such a pod
+    silently asks for the defaults (for memory: a whole card)."""
+    annos = objects.annotations(pod)
+    names = {n for v in snapshot.state.vendors.values() for n in v.resource_names().all()}
+    return [
+        f"{k} is a pod annotation here; only resources.limits count, so it is ignored (move it to the "
+        "container's resources.limits)"
+        for k in sorted(annos)
+        if k in names
+    ]
+
+
 def _rejection(snapshot: Snapshot, pod: Mapping[str, Any], containers: Sequence[ContainerSpec]) -> str | None:
     """The admission webhook's denial by the core's rules it applies: policy annotations, the quota
     pre-check (the pod alone over a namespace limit)."""
@@ -427,8 +441,25 @@ def explain_pod(snapshot: Snapshot, namespace: str, name: str) -> Explanation:
     if phase in ("Succeeded", "Failed"):
         ex.status, ex.message = "finished", f"the pod has finished (phase {phase}) and holds no card"
         return ex
+    ex.warnings += _annotation_mistakes(snapshot, pod)
     if state.pod_node(objects.uid(pod)) is not None:
         return _scheduled(snapshot, pod, ex)
+    want = state.scheduler_name
+    if want and objects.scheduler_name(pod) != want:
+        ex.status = "other-scheduler"
+        ex.message = (
+            f"spec.schedulerName is {objects.scheduler_name(pod)!r}, not {want!r}: this scheduler never sees the pod; "
+            "the admission webhook sets it for device pods, so check that the webhook ran (its failurePolicy, "
+            "certificate and namespaceSelector, a hami.io/webhook: ignore label)"
+        )
+        return ex
+    if objects.node_name(pod):
+        ex.status, ex.node = "bypassed", objects.node_name(pod)
+        ex.message = (
+            f"spec.nodeName {ex.node!r} was set without the scheduler: no card was chosen for it, so the device "
+            "plugin cannot allocate; remove spec.nodeName (use a nodeSelector) and create the pod again"
+        )
+        return ex
     rejected = _rejection(snapshot, pod, containers)
     if rejected:
         ex.status, ex.message = "rejected", rejected

@@ -330,7 +330,9 @@ def render_explain(ex: Any, fmt: str, *, style: Style) -> str:
         return dump(explain_dict(ex), fmt)
     head = {"pending": style.bad("Pending: no node fits"), "fits-now": style.warn("Pending, but a node fits now"),
             "scheduled": style.good("Scheduled"), "rejected": style.bad("Rejected by admission"),
-            "no-devices": "Not a device pod", "finished": "Finished"}[ex.status]  # fmt: skip
+            "no-devices": "Not a device pod", "finished": "Finished",
+            "other-scheduler": style.bad("Not for this scheduler"),
+            "bypassed": style.bad("Bound without the scheduler")}[ex.status]  # fmt: skip
     out = [f"pod {ex.pod}: {head}"]
     for r in ex.requests:
         out.append(f"  asks   {r}")

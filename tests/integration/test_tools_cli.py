@@ -341,3 +341,37 @@ def test_process_errors(demo: FakeApiServer, kubeconfig: str, tmp_path: Path) ->
     )
     _one_line_error(_run("explain", "x", "--now", "yesterday", "--kubeconfig", kubeconfig), command.EXIT_USAGE,
                     "hami: error: --now 'yesterday'")  # fmt: skip
+
+
+# -- the documented schemas ---------------------------------------------------------------------------
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads((ROOT / "docs" / "schemas" / name).read_text(encoding="utf-8"))
+
+
+def test_json_outputs_follow_the_documented_schemas(demo: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str],
+                                                    monitor: tuple[str, list[str]]) -> None:  # fmt: skip
+    import jsonschema
+
+    url, _ = monitor
+    for extra in ([], ["--usage", "--monitor-url", url + "/{node}/metrics"]):
+        code, out, _ = _main(
+            capsys, "inspect", "--kubeconfig", kubeconfig, "--now", NOW, "-o", "json", *extra
+        )
+        assert code == 0
+        jsonschema.validate(json.loads(out), _schema("inspect.schema.json"))
+    pods = [
+        f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+        for p in demo_objects(DEMO_NOW)
+        if p["kind"] == "Pod"
+    ]
+    statuses = set()
+    for ref in pods:
+        code, out, _ = _main(capsys, "explain", ref, "--kubeconfig", kubeconfig, "--now", NOW, "-o", "json")
+        assert code == 0
+        data = json.loads(out)
+        jsonschema.validate(data, _schema("explain.schema.json"))
+        assert sum(g["count"] for g in data["groups"]) in (0, data["nodes"])
+        statuses.add(data["status"])
+    assert statuses == {"pending", "scheduled", "finished"}

@@ -271,7 +271,11 @@ def test_cluster_state_unchanged_by_explain_trials() -> None:
 def test_the_extenders_event_says_it_in_words() -> None:
     from scheduler_extender.events import filtering_failed_message
 
-    failed = {"n1": "1/1 NodeInsufficientDevice", "n2": "1/1 NodeInsufficientDevice", "ghost": "node unregistered"}
+    failed = {
+        "n1": "1/1 NodeInsufficientDevice",
+        "n2": "1/1 NodeInsufficientDevice",
+        "ghost": "node unregistered",
+    }
     msg = filtering_failed_message(failed, containers=_spec(ContainerRequest("NVIDIA", 2, 1000)))
     assert msg == (
         "no available node, 3 nodes do not meet: 2 nodes 1/1 NodeInsufficientDevice (needs 2 distinct cards, "
@@ -281,3 +285,29 @@ def test_the_extenders_event_says_it_in_words() -> None:
         "no available node, 3 nodes do not meet: 2 nodes 1/1 NodeInsufficientDevice (n1, n2); 1 node node "
         "unregistered (ghost)"
     )
+
+
+def test_a_pod_of_another_scheduler_is_named_as_such() -> None:
+    p = _pending(limits(1, 1000, 10))
+    p["spec"]["schedulerName"] = "default-scheduler"
+    ex = explain_pod(_snapshot([_node("n1"), p]), NS, "wants")
+    assert ex.status == "other-scheduler"
+    assert ex.message.startswith("spec.schedulerName is 'default-scheduler', not 'hami-scheduler'")
+
+
+def test_a_pod_bound_by_hand_is_named_as_such() -> None:
+    p = _pending(limits(1, 1000, 10))
+    p["spec"]["nodeName"] = "n1"
+    ex = explain_pod(_snapshot([_node("n1"), p]), NS, "wants")
+    assert (ex.status, ex.node) == ("bypassed", "n1")
+
+
+def test_resources_written_as_annotations_are_flagged() -> None:
+    p = _pending(limits(1, None, None), {"nvidia.com/gpumem": "4000"})
+    objs = [_node("n1", 1), _holder("a", _uuid("n1", 0), 1000, 10)]
+    ex = explain_pod(_snapshot([*objs, p]), NS, "wants")
+    assert ex.status == "pending"
+    assert ex.warnings[0].startswith(
+        "nvidia.com/gpumem is a pod annotation here; only resources.limits count"
+    )
+    assert ex.groups[0].words == "asks a whole card (no gpumem given); every card has sharers"
