@@ -5,7 +5,10 @@
 # running container keeps the copy it mapped and never sees a half-written file.
 set -eu
 DEST="${1:?usage: vgpu-init.sh <directory, e.g. /usr/local/vgpu>}"
-SRC="${VGPU_LIB_SRC:-/k8s-vgpu/lib/nvidia/libvgpu.so}"
+# The image carries the glibc-2.17 build of each architecture; the node's own is installed.
+LIBDIR="${VGPU_LIB_DIR:-/k8s-vgpu/lib/nvidia}"
+SRC="${VGPU_LIB_SRC:-$LIBDIR/$(uname -m)/libvgpu.so}"
+[ -n "${VGPU_LIB_SRC:-}" ] || [ -f "$SRC" ] || SRC="$LIBDIR/libvgpu.so"
 [ -f "$SRC" ] || { echo "vgpu-init: $SRC is missing from the image" >&2; exit 1; }
 mkdir -p "$DEST" "$DEST/containers"
 chmod 0777 "$DEST/containers"

@@ -75,3 +75,35 @@ def test_x86_64_portable_build_enforces_limits(cli, portable):
     assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
     assert r.codes("dlsym_alloc") == [CUDA_ERROR_OUT_OF_MEMORY]  # door B still hooked
     assert r.op(5) == ["dlvsym", "libvgpu.so:cuMemAlloc_v2"]  # the real dlvsym found by ELF lookup
+
+
+IMAGE = LIBVGPU.parent / "images" / "device-plugin"
+
+
+def test_device_plugin_image_ships_both_portable_builds():
+    text = (IMAGE / "Dockerfile").read_text()
+    assert "make -C libvgpu CUDA_HOME=/usr/local/cuda clean portable" in text
+    for arch in ("x86_64", "aarch64"):
+        src = f"/src/libvgpu/build/{arch}-linux-gnu.2.17/libvgpu.so"
+        assert f"COPY --from=libvgpu {src} /k8s-vgpu/lib/nvidia/{arch}/libvgpu.so" in text
+
+
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_vgpu_init_installs_the_build_of_the_nodes_architecture(tmp_path, arch):
+    lib = tmp_path / "lib"
+    for a in ("x86_64", "aarch64"):
+        (lib / a).mkdir(parents=True)
+        (lib / a / "libvgpu.so").write_bytes(f"\x7fELF {a}".encode())
+    (lib / "libvgpu.so").write_bytes(b"\x7fELF image default")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "uname").write_text(f"#!/bin/sh\necho {arch}\n")
+    (fake_bin / "uname").chmod(0o755)
+    dest = tmp_path / "host" / "vgpu"
+    env = {"PATH": f"{fake_bin}:/usr/bin:/bin", "VGPU_LIB_DIR": str(lib)}
+    subprocess.run(["sh", str(IMAGE / "vgpu-init.sh"), str(dest)], env=env, check=True, capture_output=True)
+    assert (dest / "libvgpu.so").read_bytes() == f"\x7fELF {arch}".encode()
+    # an architecture the image has no build for falls back to the image's own library
+    (fake_bin / "uname").write_text("#!/bin/sh\necho riscv64\n")
+    subprocess.run(["sh", str(IMAGE / "vgpu-init.sh"), str(dest)], env=env, check=True, capture_output=True)
+    assert (dest / "libvgpu.so").read_bytes() == b"\x7fELF image default"
