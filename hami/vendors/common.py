@@ -113,8 +113,8 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
 
     Go semantics: keys match case-insensitively (``"ID"``, ``"Devmem"``), unknown keys are ignored
     (``devicepairscore``, ``devicevendor``), missing fields are zero (a missing ``health`` is false),
-    ``"[]"`` is no device. Raises AnnotationError for invalid JSON, a non-array, a device without an id
-    or a field of the wrong type.
+    ``"[]"`` is no device. Raises AnnotationError for invalid JSON, a non-array, a device without an id,
+    one id listed twice, or a field of the wrong type.
     """
     try:
         raw = json.loads(value)
@@ -123,6 +123,7 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
     if not isinstance(raw, list):
         raise AnnotationError("must be a JSON array of devices")
     out = []
+    seen: dict[str, int] = {}
     for i, obj in enumerate(raw):
         if not isinstance(obj, dict):
             raise AnnotationError(f"device {i}: must be a JSON object")
@@ -134,6 +135,12 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
         uuid = norm.get("id")
         if not isinstance(uuid, str) or not uuid:
             raise AnnotationError(f"device {i}: field 'id' must be a non-empty string")
+        if uuid in seen:
+            # One card listed twice would let a multi-card container get it twice.
+            raise AnnotationError(
+                f"devices {seen[uuid]} and {i} both have id {uuid!r}; every card must be listed once"
+            )
+        seen[uuid] = i
         where = f"device {i} ({uuid})"
         ints = {}
         for k in ("index", "count", "devmem", "devcore", "numa"):

@@ -121,3 +121,12 @@ def test_json_registration_keys_match_case_insensitively():
         )
     )
     assert (d.uuid, d.count, d.devmem, d.health) == ("b0", 2, 100, True)
+
+
+def test_one_card_listed_twice_is_malformed():
+    reg = '[{"id":"brgpu-0","count":1,"health":true},{"id":"brgpu-0","count":1,"health":true}]'
+    why = state().upsert_node(node("bad", annotations={"hami.io/node-biren-register": reg}))
+    assert (
+        why
+        == "hami.io/node-biren-register: devices 0 and 1 both have id 'brgpu-0'; every card must be listed once"
+    )
