@@ -94,6 +94,7 @@ class Server:
             pod_lookup=self._cached_pod,
             node_lookup=self._cached_node,
             lock_queues=self.lock_queues,
+            term_guard=self.runtime.guard,
         )
         self.app = make_app(self.extender, max_body_bytes=options.max_request_bytes)
         self.ssl_context = tls_context(options.tls_cert_file, options.tls_private_key_file)

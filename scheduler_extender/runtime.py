@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hami.cluster import ClusterState
 from hami.kube import KubeClient, LeaderElector
@@ -22,6 +24,58 @@ from scheduler_extender.options import LeaderElection, SyncOptions
 from scheduler_extender.sync import ClusterSync, Inflight
 
 log = logging.getLogger(__name__)
+
+
+class TermGuard:
+    """Writes to the API server belong to one leadership term: none may start after the term ended.
+
+    Why: a filter decides from the term's state, then patches the pod. If leadership ends between the
+    two, the new leader may already be deciding from annotations that do not have this placement,
+    and a late patch from the old leader would book the same card twice. A request takes a `token()`
+    when it starts; each write runs inside ``with guard.writing(token) as ok`` and is skipped when
+    `ok` is False (the term of the token ended). Ending a term (`close`) first refuses new writers,
+    then waits (at most `timeout_s`) for the writes in flight, so none lands after it returns.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._term = 0
+        self._open = False
+        self._writers = 0
+
+    def open(self) -> int:
+        """A new term begins; returns its token."""
+        with self._cond:
+            self._term += 1
+            self._open = True
+            return self._term
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """The term ends: no new write; waits for those in flight. False when some still run after `timeout_s`."""
+        with self._cond:
+            self._open = False
+            self._term += 1
+            return self._cond.wait_for(lambda: self._writers == 0, timeout_s)
+
+    def token(self) -> int | None:
+        """The current term's token, None between terms."""
+        with self._cond:
+            return self._term if self._open else None
+
+    @contextmanager
+    def writing(self, token: int | None) -> Iterator[bool]:
+        """Yield True (and hold the term open) when `token`'s term is still current, else False."""
+        with self._cond:
+            ok = self._open and token is not None and token == self._term
+            if ok:
+                self._writers += 1
+        try:
+            yield ok
+        finally:
+            if ok:
+                with self._cond:
+                    self._writers -= 1
+                    self._cond.notify_all()
 
 
 class Runtime:
@@ -50,6 +104,8 @@ class Runtime:
         self.sync_options = sync or SyncOptions()
         self.inflight = inflight
         self._lock = threading.Lock()
+        # API writes of a request belong to the term it started in (TermGuard).
+        self.guard = TermGuard()
         self.sync: ClusterSync | None = None
         self.term = 0
         self.elector: LeaderElector | None = None
@@ -77,6 +133,7 @@ class Runtime:
     def _start_term(self) -> None:
         with self._lock:
             if self.sync is not None:
+                self.guard.close()
                 self.sync.stop()
             self.term += 1
             log.info("term %d: rebuilding state from the API server", self.term)
@@ -84,9 +141,14 @@ class Runtime:
                 self.client, self.state, inflight=self.inflight, lock_queues=self.lock_queues,
                 **dataclasses.asdict(self.sync_options),
             ).start()  # fmt: skip
+            self.guard.open()
         self._gauges()
 
     def _end_term(self) -> None:
+        # First: no request of this term writes any more (a filter that decided from the old state
+        # must not patch the pod once the next leader may be deciding).
+        if not self.guard.close():
+            log.warning("term %d ended with API writes still in flight after 10s", self.term)
         with self._lock:
             sync, self.sync = self.sync, None
         if sync is not None:

@@ -52,6 +52,7 @@ from hami.vendors import pod_takes_node_lock
 from scheduler_extender import events as ev
 from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.runtime import TermGuard
 from scheduler_extender.sync import Inflight
 from scheduler_extender.wire import (
     BindArgs,
@@ -119,8 +120,14 @@ class Extender:
         node_lookup: Callable[[str], dict[str, Any] | None] = lambda _name: None,
         node_mutexes: NodeMutexes | None = None,
         lock_queues: LockQueues | None = None,
+        term_guard: TermGuard | None = None,
     ) -> None:
         self.state = state
+        # API writes of a request happen only while the leadership term it started in lasts.
+        if term_guard is None:
+            term_guard = TermGuard()
+            term_guard.open()
+        self.term_guard = term_guard
         # Binds waiting for a held node lock, woken by the watches (scheduler_extender.lockwait).
         self.lock_queues = lock_queues if lock_queues is not None else LockQueues()
         # This process's node-lock writers take turns per node (hami.nodelock.NodeMutexes).
@@ -159,11 +166,14 @@ class Extender:
         try:
             args = parse_filter_args(body)
             not_ready = self.readiness()
+            token = self.term_guard.token()
+            if not_ready is None and token is None:
+                not_ready = "leadership term is changing"
             if not_ready is not None:
                 self.metrics.filter_failed("not_ready")
                 result = filter_result(args, error=f"extender not ready: {not_ready}")
             else:
-                result = await asyncio.to_thread(self._filter_sync, args)
+                result = await asyncio.to_thread(self._filter_sync, args, token)
         except InvalidRequest as e:
             self.metrics.filter_failed("bad_request")
             result = filter_result(args, error=str(e))
@@ -195,7 +205,7 @@ class Extender:
             ), "wrong_scheduler"
         return self.state.filter(pod, args.names), "invalid_pod"
 
-    def _filter_sync(self, args: FilterArgs) -> dict[str, Any]:
+    def _filter_sync(self, args: FilterArgs, token: int | None = None) -> dict[str, Any]:
         pod = args.pod
         meta = pod["metadata"]
         if self._recorder is not None:
@@ -234,7 +244,7 @@ class Extender:
             for n in args.names:
                 failed.setdefault(n, "no fit")
             if placed_before:
-                self._clear(pod)
+                self._clear(pod, token)
             self.metrics.filter_failed("no_fit")
             self.metrics.filters.labels("unschedulable").inc()
             self.events.emit(
@@ -254,23 +264,34 @@ class Extender:
             uid = meta["uid"]
             with self._pending_lock:
                 self._record_errors.pop(uid, None)
-                future = self._recorder.submit(self._record_and_settle, pod, outcome, succeed)
+                future = self._recorder.submit(self._record_and_settle, pod, outcome, succeed, token)
                 self._pending[uid] = future
             future.add_done_callback(lambda _f, uid=uid: self._record_done(uid, _f))
             self.metrics.filters.labels("placed").inc()
             return filter_result(args, passed=[outcome.node], failed=failed)
-        if not self._record_and_settle(pod, outcome, succeed):
+        if not self._record_and_settle(pod, outcome, succeed, token):
             return filter_result(args, error=self._last_error(meta["uid"]))
         self.metrics.filters.labels("placed").inc()
         return filter_result(args, passed=[outcome.node], failed=failed)
 
-    def _record_and_settle(self, pod: dict[str, Any], outcome: FilterOutcome, succeed: str) -> bool:
+    def _record_and_settle(
+        self, pod: dict[str, Any], outcome: FilterOutcome, succeed: str, token: int | None = None
+    ) -> bool:
         """Write the placement; on failure release the reservation, count and report it. True when written.
 
+        Nothing is written when the leadership term of `token` (`TermGuard`) ended since the filter
+        began: the next leader decides from the annotations, which must not change under it.
         The error text is kept for `wait_recorded` / `_last_error` (bounded to the last 1000 pods).
         """
         uid = pod["metadata"]["uid"]
-        error = self._record(pod, outcome)
+        with self.term_guard.writing(token) as current:
+            if current:
+                error = self._record(pod, outcome)
+            else:
+                error = (
+                    "leadership ended while this filter was running; the placement was not recorded "
+                    "and the pod will be filtered again by the new leader"
+                )
         if error is None:
             self.events.emit(pod, reason=ev.FILTERING_SUCCEED, message=succeed)
             return True
@@ -319,7 +340,7 @@ class Extender:
                 keys[v.to_allocate_key] = None
         return keys
 
-    def _clear(self, pod: dict[str, Any]) -> None:
+    def _clear(self, pod: dict[str, Any], token: int | None = None) -> None:
         """A re-filtered pod that now fits nowhere: remove the allocation an earlier filter wrote.
 
         Its reservation is already gone from the state; left on the pod, the stale annotations would be
@@ -330,13 +351,17 @@ class Extender:
             return
         meta = pod["metadata"]
         try:
-            self.client.patch_pod_metadata(
-                meta.get("namespace") or "default",
-                meta["name"],
-                annotations=self._cleared(),
-                labels={A.ASSIGNED_NODE: None},
-                uid=meta["uid"],
-            )
+            with self.term_guard.writing(token) as current:
+                if not current:
+                    self.inflight.forget(meta["uid"])
+                    return
+                self.client.patch_pod_metadata(
+                    meta.get("namespace") or "default",
+                    meta["name"],
+                    annotations=self._cleared(),
+                    labels={A.ASSIGNED_NODE: None},
+                    uid=meta["uid"],
+                )
         except HamiError as e:
             self.inflight.forget(meta["uid"])
             log.info("pod %s: stale allocation not removed: %s", _pod_name(pod), e)
@@ -372,9 +397,12 @@ class Extender:
         try:
             args = parse_bind_args(body)
             not_ready = self.readiness()
+            token = self.term_guard.token()
+            if not_ready is None and token is None:
+                not_ready = "leadership term is changing"
             if not_ready is not None:
                 raise BindFailure("not_ready", f"extender not ready: {not_ready}")
-            await self._bind_waiting(args)
+            await self._bind_waiting(args, token)
             result = bind_result()
             self.metrics.binds.labels("bound").inc()
         except InvalidRequest as e:
@@ -399,7 +427,7 @@ class Extender:
         self.metrics.bind_latency.observe(time.perf_counter() - t0)
         return result
 
-    async def _bind_waiting(self, a: BindArgs) -> None:
+    async def _bind_waiting(self, a: BindArgs, token: int | None = None) -> None:
         """Bind; while the node lock is held by another pod, wait in the node's FIFO (lock pipelining).
 
         A bind arriving while others wait for the node queues behind them without trying. The head
@@ -410,7 +438,7 @@ class Extender:
         budget = self.settings.bind_lock_wait_s
         queues = self.lock_queues
         if budget <= 0 or self.client is None:
-            await asyncio.to_thread(self._bind_sync, a)
+            await asyncio.to_thread(self._bind_sync, a, token)
             return
         loop = asyncio.get_running_loop()
         queues.attach(loop)
@@ -423,7 +451,7 @@ class Extender:
             while True:
                 await self._await_turn(a, waiter, deadline, held)
                 try:
-                    await asyncio.to_thread(self._bind_sync, a)
+                    await asyncio.to_thread(self._bind_sync, a, token)
                 except LockHeld as e:
                     held = e
                     continue
@@ -449,7 +477,17 @@ class Extender:
             "lock", f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}"
         )
 
-    def _bind_sync(self, a: BindArgs) -> None:
+    def _bind_sync(self, a: BindArgs, token: int | None = None) -> None:
+        """One bind attempt; its API writes only while `token`'s leadership term lasts (`TermGuard`)."""
+        with self.term_guard.writing(token) as current:
+            if not current:
+                raise BindFailure(
+                    "not_ready", f"binding pod {a.pod_namespace}/{a.pod_name} failed: leadership ended; the "
+                    "new leader will filter it again",
+                )  # fmt: skip
+            self._bind_in_term(a)
+
+    def _bind_in_term(self, a: BindArgs) -> None:
         ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
         who = f"pod {ns}/{name}"
         if not uid and self.client is not None:
