@@ -375,3 +375,18 @@ def test_json_outputs_follow_the_documented_schemas(demo: FakeApiServer, kubecon
         assert sum(g["count"] for g in data["groups"]) in (0, data["nodes"])
         statuses.add(data["status"])
     assert statuses == {"pending", "scheduled", "finished"}
+
+
+def test_operations_doc_examples_are_current() -> None:
+    """Every transcript in docs/operations.md is what its command prints (scripts/gen_operations_doc.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gen_operations_doc", ROOT / "scripts" / "gen_operations_doc.py"
+    )
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert page.count("<!-- example: ") >= 8
+    assert gen.render(page) == page, "docs/operations.md is stale: run python scripts/gen_operations_doc.py"
