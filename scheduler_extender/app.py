@@ -17,6 +17,7 @@ from aiohttp import web
 import hami
 from hami.cluster import ClusterState
 from hami.kube import KubeClient
+from hami.tls import ReloadingTLS
 from scheduler_extender.events import EventSink
 from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
@@ -32,13 +33,12 @@ log = logging.getLogger("scheduler_extender")
 
 
 def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
-    """A server SSLContext for the pair, or None for plain HTTP. Raises OSError/ssl.SSLError."""
-    if not cert:
+    """A server SSLContext for the pair that follows certificate rotation (`hami.tls.ReloadingTLS`, the
+    webhook's mechanism: the files are re-read on the next handshake after they change), or None for
+    plain HTTP. Raises OSError/ssl.SSLError when the initial pair does not load."""
+    if not cert or not key:
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(cert, key)
-    return ctx
+    return ReloadingTLS(cert, key).context
 
 
 class Server:
