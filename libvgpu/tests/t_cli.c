@@ -50,7 +50,7 @@ typedef struct { unsigned version; unsigned long long total, reserved, free, use
 int nvmlDeviceGetMemoryInfo(void *d, mem1_t *m);
 int nvmlDeviceGetMemoryInfo_v2(void *d, mem2_t *m);
 
-enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM, K_CTX, K_MODULE, K_LIBRARY, K_IPC, K_POOL };
+enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM, K_CTX, K_MODULE, K_LIBRARY, K_IPC, K_POOL, K_EXT };
 static struct { int kind; uint64_t v; } ids[4096];
 static int nids;
 static int add_id(int kind, uint64_t v) { ids[nids].kind = kind; ids[nids].v = v; return nids++; }
@@ -93,6 +93,7 @@ static CUresult free_id(int id) {
     case K_LIBRARY: return cuLibraryUnload((CUlibrary)(uintptr_t)v);
     case K_IPC: return cuIpcCloseMemHandle((CUdeviceptr)v);
     case K_POOL: return cuMemPoolDestroy((CUmemoryPool)(uintptr_t)v);
+    case K_EXT: return cuDestroyExternalMemory((CUexternalMemory)(uintptr_t)v);
     default: return cuMemFree_v2((CUdeviceptr)v);
     }
 }
@@ -221,6 +222,28 @@ int main(int argc, char **argv) {
             else { r = cuLibraryLoadFromFile(&l, path, NULL, NULL, 0, NULL, NULL, 0); kind = K_LIBRARY; }
             unlink(path);
             OUT("modload %d %d", r, r ? -1 : add_id(kind, kind == K_MODULE ? (uintptr_t)m : (uintptr_t)l));
+        } else if (!strcmp(op, "getfunc")) {
+            /* getfunc <id>: a function handle of a loaded module (cuModuleGetFunction) or library
+             * (cuLibraryGetKernel) - where lazily loaded code materialises */
+            int id = atoi(ARG(1)); i++;
+            if (ids[id].kind == K_MODULE) {
+                CUfunction f;
+                r = cuModuleGetFunction(&f, (CUmodule)(uintptr_t)ids[id].v, "k");
+            } else {
+                CUkernel k;
+                r = cuLibraryGetKernel(&k, (CUlibrary)(uintptr_t)ids[id].v, "k");
+            }
+            OUT("getfunc %d", r);
+        } else if (!strcmp(op, "extmem")) {
+            /* extmem <bytes>: import memory another API made (an opaque fd the fake ignores) */
+            CUDA_EXTERNAL_MEMORY_HANDLE_DESC d;
+            memset(&d, 0, sizeof d);
+            d.type = CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD;
+            d.handle.fd = -1;
+            d.size = tu_size(ARG(1)); i++;
+            CUexternalMemory e = NULL;
+            r = cuImportExternalMemory(&e, &d);
+            OUT("extmem %d %d", r, r ? -1 : add_id(K_EXT, (uintptr_t)e));
         } else if (!strcmp(op, "graphlaunch")) {
             OUT("graphlaunch %d", cuGraphLaunch(NULL, NULL));
         } else if (!strcmp(op, "graphupload")) {

@@ -193,3 +193,46 @@ def test_cuctxcreate_before_cuinit_gets_the_drivers_answer_and_registers_nothing
     r = cli.run("ctxcreate", "0", "4", env=CTX)
     assert r.op(0) == ["ctxcreate", "3", "-1"]  # CUDA_ERROR_NOT_INITIALIZED
     assert not cli.cache.exists() or read_region(cli.cache).device_count == 0
+
+
+class TestLazyLoading:
+    """CUDA_MODULE_LOADING=LAZY: the load takes nothing, the fake driver takes the module's bytes
+    at the first function handle; libvgpu charges them then, with the limit check."""
+
+    LAZY = {**LIMIT, "CUDA_MODULE_LOADING": "LAZY"}
+
+    @pytest.mark.parametrize("how", ["data", "lib"])
+    def test_memory_is_charged_when_it_materialises(self, cli, how):
+        r = cli.run(
+            "init", "modload", how, "40m", "meminfo", "getfunc", "0", "meminfo", "getfunc", "0", "meminfo",
+            "free", "0", "meminfo", env=self.LAZY,
+        )  # fmt: skip
+        assert r.codes("modload") == [CUDA_SUCCESS]
+        assert r.op(2) == meminfo(256)  # nothing loaded yet
+        assert r.codes("getfunc") == [CUDA_SUCCESS, CUDA_SUCCESS]
+        assert r.op(4) == meminfo(216)  # the kernels' 40 MiB, charged once
+        assert r.op(6) == meminfo(216)
+        assert r.op(8) == meminfo(256)  # given back with the module
+
+    def test_materialising_past_the_limit_is_refused(self, cli):
+        r = cli.run(
+            "init", "alloc", "230m", "modload", "data", "40m", "getfunc", "1", "alloc", "26m", "alloc", "1",
+            env=self.LAZY,
+        )  # fmt: skip
+        assert r.codes("getfunc") == [CUDA_ERROR_OUT_OF_MEMORY]
+        assert "kernels need 41943040 bytes" in r.stderr
+        # the refused kernels' memory stays with the driver (the module is still loaded) but is not
+        # charged: the container's own allocations keep the rest of the limit
+        assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+
+
+def test_imported_external_memory_is_charged_to_the_importer(cli):
+    r = cli.run(
+        "init", "extmem", "100m", "meminfo", "extmem", "157m", "alloc", "156m", "alloc", "1", "free", "0",
+        "meminfo", env=LIMIT,
+    )  # fmt: skip
+    assert r.codes("extmem") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.op(2) == meminfo(156)
+    assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.codes("free") == [CUDA_SUCCESS]  # cuDestroyExternalMemory gives the 100 MiB back
+    assert r.op(7) == meminfo(100)
