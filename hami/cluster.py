@@ -582,3 +582,9 @@ class ClusterState:
         with self._lock:
             n = self._nodes.get(name)
             return "node unregistered" if n is None else n.unusable
+
+    def node_scores(self, names: Sequence[str]) -> dict[str, float]:
+        """Each known node's utilisation score before the next pod (0..30, `hami.scoring.node_score`, the
+        binpack/spread order of `filter`); names not registered are left out."""
+        with self._lock:
+            return {n: self._nodes[n].current_score() for n in names if n in self._nodes}
