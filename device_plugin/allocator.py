@@ -14,14 +14,24 @@ D01, W05); here every doubt is a refusal with a message naming pod, container an
   ``hami.io/vgpu-devices-allocated``) and no other container may have any; then the next non-empty
   entry is this container's; kubelet's device count must equal its recorded cards, the
   container's limit must agree, every card must be one of ours, and kubelet's virtual ids must sit on
-  exactly the recorded cards (GetPreferredAllocation steers kubelet there; when kubelet picked others
-  anyway, say because its Topology Manager insisted, kubelet's and the scheduler's accounting would
-  diverge - the D03 bug - so we refuse instead). The one exception is ids kubelet reuses from the same
-  pod's init containers, which it hands on without asking for a preference.
+  the recorded cards (GetPreferredAllocation steers kubelet there). When kubelet picked ids on other
+  cards anyway, say because its Topology Manager insisted, the container still gets the recorded cards:
+  the annotation is what the scheduler accounted, and serving kubelet's card instead would put the
+  container on a card the scheduler believes has room for someone else (in HAMi the container ran on
+  another card than recorded). kubelet's per-id bookkeeping then differs from the card in use, so the
+  plugin says so with a Warning event on the pod and a metric. A recorded card that turned unhealthy
+  is still refused.
 
 After a container is served its entry is emptied in to-allocate; after the last one the pod gets
 bind-phase ``success`` and the lock is released. Any refusal sets bind-phase ``failed`` (when the pod
 exists) and releases the lock (owner-checked), so the node is free for the next pod at once.
+
+After a node reboot kubelet may call Allocate again for containers it had admitted before (it found no
+assignment in its checkpoint). No lock is held then; the containers belong to pods that are Running,
+in bind-phase ``success``, with every entry of to-allocate served. Such a request is answered from the
+pod's ``hami.io/vgpu-devices-allocated`` (which the plugin never changes), without writing anything:
+the container whose recorded cards are the cards of kubelet's ids, else the only candidate of that
+device count. Candidates that differ in cards or limits are refused rather than guessed between.
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ log = logging.getLogger(__name__)
 
 VENDOR = "NVIDIA"  # CommonWord of the entries we consume in hami.io/vgpu-devices-to-allocate
 
+EVENT_COMPONENT = "hami-device-plugin"  # source.component of the plugin's events
+CARD_MISMATCH_REASON = "CardMismatch"  # Warning event: kubelet's ids on other cards than recorded
+
 # Env names HAMi-core reads (hami-legacy-spec §3.4).
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 ENV_MEMORY_LIMIT = "CUDA_DEVICE_MEMORY_LIMIT_{i}"  # "<MiB>m" per device position in the container
@@ -73,6 +86,17 @@ class Kube(Protocol):
 
     def get_node(self, name: str) -> dict | None: ...
     def get_pod(self, namespace: str, name: str) -> dict | None: ...
+    def list_pods(self, *, field_selector: str | None = None) -> list[dict]: ...
+    def create_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        type: str,
+        component: str,
+        host: str | None,
+    ) -> dict | None: ...
     def patch_pod_metadata(
         self,
         namespace: str,
@@ -142,6 +166,8 @@ class Allocator:
         release_lock: Callable[..., bool] | None = None,
         on_allocated: Callable[[], None] | None = None,
         on_preferred_fallback: Callable[[str], None] | None = None,
+        on_card_mismatch: Callable[[], None] | None = None,
+        on_readmitted: Callable[[], None] | None = None,
     ) -> None:
         self.kube = kube
         self.state = state
@@ -151,10 +177,15 @@ class Allocator:
         self._release_lock = release_lock
         self.on_allocated = on_allocated or (lambda: None)
         self.on_preferred_fallback = on_preferred_fallback or (lambda reason: None)
+        self.on_card_mismatch = on_card_mismatch or (lambda: None)
+        self.on_readmitted = on_readmitted or (lambda: None)
         self._lock = asyncio.Lock()
         # pod uid -> device ids served to its init containers (kubelet may reuse them for later containers);
         # dropped when the pod's last container is served.
         self._init_ids: dict[str, set[str]] = {}
+        # (pod uid, container position) served again after a restart by this process: kubelet asks once
+        # per container, so a served one is no candidate for the next request.
+        self._readmitted: set[tuple[str, int]] = set()
 
     # ----- finding the pod
 
@@ -292,6 +323,9 @@ class Allocator:
             try:
                 pending = await self._pending_pod(mutate=False)
             except AllocationRefused as e:
+                if e.reason == "no_lock":
+                    with contextlib.suppress(AllocationRefused):
+                        return await self._readmission_preference(requests)
                 self.on_preferred_fallback(e.reason)
                 log.info("no preferred allocation: %s", e.message)
                 return [[] for _ in requests]
@@ -334,7 +368,12 @@ class Allocator:
         bind-phase ``failed`` and releasing the lock; ApiUnavailable when the API server failed.
         """
         async with self._lock:
-            pending = await self._pending_pod()
+            try:
+                pending = await self._pending_pod()
+            except AllocationRefused as e:
+                if e.reason != "no_lock":
+                    raise
+                return await self._readmit(requests, e)
             entries = [list(e) for e in pending.entries]
             responses = []
             for ids in requests:
@@ -375,6 +414,152 @@ class Allocator:
                 "; all containers served, lock released" if done else "",
             )
             return responses
+
+    # ----- Allocate again after a node reboot
+
+    async def _running_pods(self) -> list[PendingPod]:
+        """Pods on this node whose allocation is complete: ours, bound here, bind-phase ``success``,
+        Running, every entry of to-allocate served; `entries` are their recorded (allocated) cards."""
+        s = self.settings
+        listed = await self._call(self.kube.list_pods, field_selector=f"spec.nodeName={s.node_name}")
+        out = []
+        for pod in listed:
+            spec, annos = pod.get("spec") or {}, ann.pod_annotations(pod)
+            if not (
+                spec.get("schedulerName") == s.scheduler_name
+                and spec.get("nodeName") == s.node_name
+                and annos.get(ann.ASSIGNED_NODE) == s.node_name
+                and annos.get(ann.BIND_PHASE) == ann.BindPhase.SUCCESS.value
+                and (pod.get("status") or {}).get("phase") == "Running"
+                and ann.NVIDIA_TO_ALLOCATE in annos
+                and ann.NVIDIA_ALLOCATED in annos
+            ):
+                continue
+            try:
+                left = ann.decode_pod_devices(annos[ann.NVIDIA_TO_ALLOCATE])
+                recorded = ann.decode_pod_devices(annos[ann.NVIDIA_ALLOCATED])
+            except AnnotationError:
+                continue
+            containers = pods.containers(pod)
+            ref = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
+            if any(left) or len(recorded) != len(containers):
+                continue
+            if self._record_problem(ref, annos, [[] for _ in containers], containers) is not None:
+                continue
+            out.append(
+                PendingPod(pod=pod, entries=recorded, containers=containers, n_init=pods.init_count(pod))
+            )
+        out.sort(key=lambda p: (p.namespace, p.name))
+        return out
+
+    def _readmission_choice(
+        self, running: list[PendingPod], ids: Sequence[str] | None, size: int
+    ) -> tuple[PendingPod, int] | str:
+        """The container a request of `size` devices (kubelet's `ids`, None for a preference) is for, or
+        why none can be chosen. Prefers the containers whose recorded cards are the cards of `ids`."""
+        options = [
+            (p, i)
+            for p in running
+            for i, e in enumerate(p.entries)
+            if e and len(e) == size and (p.uid, i) not in self._readmitted
+        ]
+        if not options:
+            return f"no Running pod on node {self.settings.node_name} has a container of {size} card(s) to serve again"
+        pool = options
+        if ids is not None:
+            cards = Counter(self.state.card_of(i) for i in ids)
+            pool = [(p, i) for p, i in options if Counter(d.uuid for d in p.entries[i]) == cards] or options
+
+        def key(o: tuple[PendingPod, int]) -> tuple:
+            p, i = o
+            return (
+                *((d.uuid, d.usedmem, d.usedcores) for d in p.entries[i]),
+                control_disabled(p.containers[i]),
+            )
+
+        if len({key(o) for o in pool}) > 1:
+            names = "; ".join(
+                f"{p.ref()} container {p.containers[i].get('name', i)} ("
+                + ", ".join(f"{d.uuid} {d.usedmem} MiB {d.usedcores} %" for d in p.entries[i])
+                + ")"
+                for p, i in pool
+            )
+            return f"containers of Running pods that differ in cards or limits could each be the one: {names}"
+        # Equal candidates get equal cards and limits, so taking the first is as good as knowing.
+        return pool[0]
+
+    async def _readmission_preference(
+        self, requests: Sequence[pb.ContainerPreferredAllocationRequest]
+    ) -> list[list[str]]:
+        """Preferences for a request with no lock held: the cards of the container it is unambiguously
+        for (see `_readmit`). Raises AllocationRefused when a request has no such container."""
+        running = await self._running_pods()
+        out = []
+        for req in requests:
+            choice = self._readmission_choice(running, None, req.allocation_size)
+            if isinstance(choice, str):
+                raise AllocationRefused("no_entry", choice)
+            p, i = choice
+            out.append(self._prefer(req, p.entries[i]))
+        return out
+
+    async def _readmit(
+        self, requests: Sequence[Sequence[str]], no_lock: AllocationRefused
+    ) -> list[pb.ContainerAllocateResponse]:
+        """kubelet asks again for containers admitted before a node reboot: answer from their records.
+
+        Nothing is written (the pods run; their annotations stay as they are). Raises `no_lock`'s
+        refusal, completed by why no running container matches, without marking any pod failed.
+        """
+        running = await self._running_pods()
+        responses = []
+        chosen: list[tuple[str, int]] = []
+        for ids in requests:
+            ids = list(ids)
+            physical = [self.state.card_of(i) for i in ids]
+            if None in physical:
+                bad = [i for i, c in zip(ids, physical, strict=True) if c is None]
+                raise AllocationRefused(
+                    "unknown_device", f"kubelet's device id(s) {bad} are not advertised by this plugin"
+                )
+            choice = self._readmission_choice(running, ids, len(ids))
+            if isinstance(choice, str):
+                raise AllocationRefused(no_lock.reason, f"{no_lock.message}; {choice}")
+            pending, idx = choice
+            entry = pending.entries[idx]
+            ctr = pending.containers[idx]
+            recorded = [d.uuid for d in entry]
+
+            where = f"pod {pending.ref()} container {ctr.get('name', '?')}"
+
+            async def refuse(reason: str, message: str, where: str = where) -> AllocationRefused:
+                return AllocationRefused(
+                    reason, f"{where}: {message}"
+                )  # a running pod is never marked failed
+
+            sick = [
+                u
+                for u in dict.fromkeys(recorded)
+                if self.state.card(u) is None or not self.state.card(u).healthy
+            ]
+            if sick:
+                raise await refuse(
+                    "unhealthy_card", f"recorded card(s) {sick} are missing or unhealthy on this node"
+                )
+            if Counter(physical) != Counter(recorded):
+                await self._card_mismatch(pending.pod, ctr.get("name", "?"), ids, physical, recorded)
+            responses.append(await self._respond(pending, ctr, entry, refuse))
+            self._readmitted.add((pending.uid, idx))
+            chosen.append((pending.ref(), ctr.get("name", "?")))
+        for ref, name in chosen:
+            self.on_allocated()
+            self.on_readmitted()
+            log.info(
+                "pod %s container %s served again from its recorded cards (no lock held: node restart)",
+                ref,
+                name,
+            )
+        return responses
 
     async def _serve_container(
         self, pending: PendingPod, idx: int, entry: list[ContainerDevice], ids: list[str]
@@ -437,13 +622,55 @@ class Allocator:
                     f"the scheduler recorded card(s) {recorded} but {sick} became unhealthy on node "
                     f"{s.node_name} after scheduling, so kubelet gave devices {ids} on other cards",
                 )
-            raise await refuse(
-                "card_mismatch",
-                f"kubelet's devices {ids} are on card(s) {sorted(set(physical))} but the scheduler recorded "
-                f"{recorded}; kubelet did not follow the preferred allocation",
-            )
+            await self._card_mismatch(pending.pod, name, ids, physical, recorded)
         if idx < pending.n_init:
             self._init_ids.setdefault(pending.uid, set()).update(ids)
+        return await self._respond(pending, ctr, entry, refuse)
+
+    async def _card_mismatch(
+        self,
+        pod: dict,
+        container: str,
+        ids: Sequence[str],
+        physical: Sequence[str | None],
+        recorded: list[str],
+    ) -> None:
+        """kubelet's ids sit on other cards than recorded: count it, log it and tell the pod's owner."""
+        self.on_card_mismatch()
+        message = (
+            f"container {container}: kubelet's devices {list(ids)} are on card(s) {sorted(set(physical))} but the "
+            f"scheduler recorded {recorded}; the container gets the recorded card(s), which the scheduler "
+            "accounted. kubelet did not follow the preferred allocation (its Topology Manager, for example), "
+            "so what kubelet reports for this container differs from the card(s) it uses"
+        )
+        log.warning("pod %s/%s %s", pod["metadata"].get("namespace"), pod["metadata"].get("name"), message)
+        try:
+            await asyncio.to_thread(
+                self.kube.create_event,
+                pod,
+                reason=CARD_MISMATCH_REASON,
+                message=message,
+                type="Warning",
+                component=EVENT_COMPONENT,
+                host=self.settings.node_name,
+            )
+        except Exception as e:  # noqa: BLE001 - an event is best effort; the allocation stands
+            log.warning("could not record the %s event: %s", CARD_MISMATCH_REASON, e)
+
+    async def _respond(
+        self,
+        pending: PendingPod,
+        ctr: dict,
+        entry: list[ContainerDevice],
+        refuse: Callable[[str, str], Any],
+    ) -> pb.ContainerAllocateResponse:
+        """The response for `entry`'s cards: env (limits, shared cache) and mounts (libvgpu, dirs).
+
+        `refuse(reason, message)` is awaited to build the error raised when the host is not ready.
+        """
+        s = self.settings
+        name = ctr.get("name", "?")
+        recorded = [d.uuid for d in entry]
         lib = s.vgpu_dir / "libvgpu.so"
         preload = s.vgpu_dir / "ld.so.preload"
         control = not control_disabled(ctr)
@@ -475,7 +702,9 @@ class Allocator:
         try:
             extra = await asyncio.to_thread(vgpu_config.prepare, s.vgpu_dir, cache_dir, envs, recorded, ctr)
         except (OSError, vgpu_config.ConfigFileError) as e:
-            raise await refuse("host_dir", f"cannot write the libvgpu config file or card regions: {e}") from None
+            raise await refuse(
+                "host_dir", f"cannot write the libvgpu config file or card regions: {e}"
+            ) from None
         mounts = [
             pb.Mount(container_path=str(lib), host_path=str(lib), read_only=True),
             pb.Mount(container_path=str(s.vgpu_dir), host_path=str(cache_dir), read_only=False),

@@ -151,6 +151,8 @@ class DevicePluginApp:
             ),
             on_allocated=self.metrics.allocations.inc,
             on_preferred_fallback=lambda r: self.metrics.preferred_fallbacks.labels(reason=r).inc(),
+            on_card_mismatch=self.metrics.card_mismatches.inc,
+            on_readmitted=self.metrics.readmissions.inc,
         )
         return self.allocator
 

@@ -4,8 +4,10 @@ Each plugin instance owns its registry so that tests can run several plugins in 
 Families (all prefixed ``hami_device_plugin_``): ``registered`` (1 while kubelet knows us),
 ``registrations_total``, ``card_healthy{uuid,index}``, ``devices{health}`` (virtual devices),
 ``allocations_total`` (containers served), ``allocation_errors_total{reason}`` (refused Allocate calls by
-reason), ``preferred_allocation_fallbacks_total{reason}``, ``node_register_patches_total``,
-``node_register_errors_total``.
+reason), ``allocation_card_mismatches_total`` (containers served on their recorded cards although kubelet's
+device ids sat on other cards), ``allocation_readmissions_total`` (containers served again from their
+records with no lock held, after a node reboot), ``preferred_allocation_fallbacks_total{reason}``,
+``node_register_patches_total``, ``node_register_errors_total``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ class PluginMetrics:
         self.allocations = Counter(p + "allocations", "Containers served by Allocate", registry=r)
         self.allocation_errors = Counter(
             p + "allocation_errors", "Allocate calls refused, by reason", ["reason"], registry=r
+        )
+        self.card_mismatches = Counter(
+            p + "allocation_card_mismatches",
+            "Containers served on their recorded cards although kubelet's device ids sat on other cards",
+            registry=r,
+        )
+        self.readmissions = Counter(
+            p + "allocation_readmissions",
+            "Containers of Running pods served again from their recorded cards (Allocate after a node reboot)",
+            registry=r,
         )
         self.preferred_fallbacks = Counter(
             p + "preferred_allocation_fallbacks",

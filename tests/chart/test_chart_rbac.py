@@ -88,8 +88,11 @@ CALLS: dict[str, tuple[list[str], str, dict[Perm, str]]] = {
             ("", "nodes", "patch"): "node_register.py registration and handshake annotations",
             ("", "pods", "get"): "allocator.py get_pod (the lock's pod)",
             ("", "pods", "patch"): "allocator.py bind-phase annotations",
-            ("", "pods", "list"): "monitor/app.py list of this node's pods, monitor Reflector(pods)",
+            ("", "pods", "list"): "allocator.py this node's pods (Allocate after a reboot); monitor/app.py, "
+            "monitor Reflector(pods)",
             ("", "pods", "watch"): "monitor Reflector(pods)",
+            ("", "events", "create"): "allocator.py CardMismatch warning",
+            ("", "events", "patch"): "allocator.py CardMismatch warning (repeat count)",
         },
     ),
 }
@@ -257,4 +260,5 @@ def test_switching_parts_off_removes_their_rights() -> None:
     assert r.find("ClusterRole", "hami-webhook") == []
     assert rendered_rules(r, "hami-device-plugin") == {
         ("", "nodes", "get"), ("", "nodes", "patch"), ("", "pods", "get"), ("", "pods", "patch"),
+        ("", "pods", "list"), ("", "events", "create"), ("", "events", "patch"),
     }  # fmt: skip

@@ -309,20 +309,59 @@ async def test_no_lock_means_no_allocation(apiserver, kube, kubelet, plugin):
         await kubelet.admit_container(RESOURCE, 1)
 
 
-async def test_kubelet_ignoring_the_preference_onto_fewer_cards_is_refused(apiserver, kube, kubelet, plugin):
+def warnings_of(apiserver: FakeApiServer, pod: str) -> list[tuple[str, str, str]]:
+    """(reason, source component, message) of the Warning events on `pod`."""
+    return [
+        (e["reason"], e["source"]["component"], e["message"])
+        for e in apiserver.store.list("events", namespace="default")
+        if e["involvedObject"]["name"] == pod and e["type"] == "Warning"
+    ]
+
+
+async def test_kubelet_ignoring_the_preference_gets_the_recorded_cards_with_a_warning(
+    apiserver, kube, kubelet, plugin
+):
+    # User bug log D03: kubelet (its Topology Manager, or no preference) picks ids on other cards than
+    # the scheduler recorded. The recorded cards are what the scheduler accounted, so they are served.
     schedule(apiserver, kube, "two-cards", [("main", [dev(A, 1000, 0), dev(B, 1000, 0)])])
     # Without the preference kubelet takes the first free ids: two replicas of card A.
-    with pytest.raises(AdmissionError) as err:
-        await kubelet.admit_container(RESOURCE, 2, use_preferred=False)
-    assert str(err.value) == (
-        "Allocate failed due to pod default/two-cards container main: kubelet's devices "
-        f"['{A}-0', '{A}-1'] are on card(s) ['{A}'] but the scheduler recorded ['{A}', '{B}']; kubelet did "
-        "not follow the preferred allocation, which is unexpected"
-    )
+    ids, resp = await kubelet.admit_container(RESOURCE, 2, use_preferred=False)
+    assert ids == [f"{A}-0", f"{A}-1"]
+    env = env_of(resp)
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == (
+        f"{A},{B}", "1000m", "1000m",
+    )  # fmt: skip
     annos = pod_annos(apiserver, "two-cards")
-    assert annos[ann.BIND_PHASE] == "failed"
-    assert annos[ann.NVIDIA_TO_ALLOCATE] == f"{A},NVIDIA,1000,0:{B},NVIDIA,1000,0:;"  # nothing consumed
+    assert (annos[ann.BIND_PHASE], annos[ann.NVIDIA_TO_ALLOCATE]) == ("success", ";")
     assert ann.NODE_LOCK not in node_annos(apiserver)
+    assert warnings_of(apiserver, "two-cards") == [
+        (
+            "CardMismatch",
+            "hami-device-plugin",
+            f"container main: kubelet's devices ['{A}-0', '{A}-1'] are on card(s) ['{A}'] but the scheduler "
+            f"recorded ['{A}', '{B}']; the container gets the recorded card(s), which the scheduler accounted. "
+            "kubelet did not follow the preferred allocation (its Topology Manager, for example), so what kubelet "
+            "reports for this container differs from the card(s) it uses",
+        )
+    ]
+    text = plugin.metrics.render().decode()
+    assert "hami_device_plugin_allocation_card_mismatches_total 1.0" in text
+    assert "hami_device_plugin_allocations_total 1.0" in text
+
+
+async def test_a_card_mismatch_whose_event_is_refused_still_serves_the_recorded_card(
+    apiserver, kube, kubelet, plugin
+):
+    apiserver.faults.add(verb="create", resource="events", status=500, times=1000)
+    try:
+        schedule(apiserver, kube, "no-events", [("main", [dev(B, 1000, 10)])])
+        ids, resp = await kubelet.admit_container(RESOURCE, 1, use_preferred=False)
+    finally:
+        apiserver.faults.clear()
+    assert cards_of(ids) == [A]
+    assert env_of(resp)["NVIDIA_VISIBLE_DEVICES"] == B
+    assert pod_annos(apiserver, "no-events")[ann.BIND_PHASE] == "success"
+    assert "hami_device_plugin_allocation_card_mismatches_total 1.0" in plugin.metrics.render().decode()
 
 
 async def test_preferred_allocation_corrects_kubelet_onto_the_recorded_cards(
@@ -535,9 +574,14 @@ async def test_init_container_devices_reused_by_kubelet_for_an_app_container_on_
     assert cards_of(list(last)) == [A]
     assert pod_annos(apiserver, "reuse")[ann.BIND_PHASE] == "success"
     assert plugin.allocator._init_ids == {}
+    # kubelet's own reuse of the pod's devices is no mismatch: no warning, no count.
+    assert warnings_of(apiserver, "reuse") == []
+    assert "hami_device_plugin_allocation_card_mismatches_total 0.0" in plugin.metrics.render().decode()
 
 
-async def test_reuse_does_not_excuse_ids_never_served_to_an_init_container(apiserver, kube, kubelet, plugin):
+async def test_ids_never_served_to_an_init_container_are_a_card_mismatch_not_reuse(
+    apiserver, kube, kubelet, plugin
+):
     schedule(
         apiserver,
         kube,
@@ -547,8 +591,11 @@ async def test_reuse_does_not_excuse_ids_never_served_to_an_init_container(apise
     )
     ids, _ = await kubelet.admit_container(RESOURCE, 1)
     assert cards_of(ids) == [A]
-    with pytest.raises(AdmissionError, match="kubelet did not follow the preferred allocation"):
-        await kubelet.allocate(RESOURCE, [f"{A}-9"])
+    assert warnings_of(apiserver, "noreuse") == []  # the init container got what was recorded
+    resp = await kubelet.allocate(RESOURCE, [f"{A}-9"])
+    assert env_of(resp)["NVIDIA_VISIBLE_DEVICES"] == B
+    assert [w[0] for w in warnings_of(apiserver, "noreuse")] == ["CardMismatch"]
+    assert "hami_device_plugin_allocation_card_mismatches_total 1.0" in plugin.metrics.render().decode()
 
 
 # ----- QA regressions: concurrency and which container an Allocate is for
@@ -636,3 +683,111 @@ async def test_recorded_card_turned_unhealthy_is_refused_with_that_reason(apiser
     )
     assert pod_annos(apiserver, "sick")[ann.BIND_PHASE] == "failed"
     assert 'allocation_errors_total{reason="unhealthy_card"} 1.0' in plugin.metrics.render().decode()
+
+
+# ----- Allocate again after a node reboot
+
+
+def running(apiserver: FakeApiServer, name: str) -> dict:
+    apiserver.store.set_pod_phase("default", name, "Running")
+    return apiserver.store.get("pods", name, namespace="default")
+
+
+def reboot(kubelet: FakeKubelet) -> None:
+    """kubelet comes back without the assignments of its checkpoint (the node-reboot race)."""
+    kubelet.allocated.clear()
+    kubelet.preferred_requests.clear()
+
+
+async def test_after_a_reboot_kubelets_repeated_allocate_is_answered_from_the_records(
+    apiserver, kube, kubelet, plugin
+):
+    pod = schedule(apiserver, kube, "trainer", [("c1", [dev(A, 3000, 30)]), ("c2", [dev(B, 5000, 50)])])
+    first = await kubelet.admit_pod(pod, RESOURCE)
+    pod = running(apiserver, "trainer")
+    before = pod_annos(apiserver, "trainer")
+    assert (before[ann.BIND_PHASE], before[ann.NVIDIA_TO_ALLOCATE]) == ("success", ";;")
+    reboot(kubelet)
+    again = await kubelet.admit_pod(pod, RESOURCE)
+    for name in ("c1", "c2"):
+        e1, e2 = env_of(first[name]), env_of(again[name])
+        assert {k: v for k, v in e2.items() if k != "CUDA_DEVICE_MEMORY_SHARED_CACHE"} == {
+            k: v for k, v in e1.items() if k != "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+        }
+    assert env_of(again["c1"])["NVIDIA_VISIBLE_DEVICES"] == A
+    assert (env_of(again["c2"])["NVIDIA_VISIBLE_DEVICES"], env_of(again["c2"])["CUDA_DEVICE_MEMORY_LIMIT_0"]) == (
+        B, "5000m",
+    )  # fmt: skip
+    # The preference steered kubelet onto the recorded cards, and nothing was written.
+    assert [cards_of(list(r.container_requests[0].devices_ids)) for r in kubelet.allocate_requests[-2:]] == [
+        [A],
+        [B],
+    ]
+    assert pod_annos(apiserver, "trainer") == before
+    assert ann.NODE_LOCK not in node_annos(apiserver)
+    text = plugin.metrics.render().decode()
+    assert "hami_device_plugin_allocation_readmissions_total 2.0" in text
+    assert "hami_device_plugin_allocations_total 4.0" in text
+    # Every container was served again once; a third request has nothing left to be.
+    with pytest.raises(AdmissionError, match=r"no pod holds the node lock .*; no Running pod on node node1 has a "
+                       r"container of 1 card\(s\) to serve again"):  # fmt: skip
+        await kubelet.admit_container(RESOURCE, 1)
+    assert pod_annos(apiserver, "trainer")[ann.BIND_PHASE] == "success"
+
+
+async def test_after_a_reboot_the_cards_of_kubelets_ids_tell_two_running_pods_apart(
+    apiserver, kube, kubelet, plugin
+):
+    for name, card, mem in (("on-a", A, 1000), ("on-b", B, 7000)):
+        pod = schedule(apiserver, kube, name, [("main", [dev(card, mem, 10)])])
+        await kubelet.admit_pod(pod, RESOURCE)
+        running(apiserver, name)
+    reboot(kubelet)
+    # Two candidates of one card each that differ: no preference, so kubelet's own pick decides.
+    resp = await kubelet.allocate(RESOURCE, [f"{B}-3"])
+    assert (env_of(resp)["NVIDIA_VISIBLE_DEVICES"], env_of(resp)["CUDA_DEVICE_MEMORY_LIMIT_0"]) == (
+        B,
+        "7000m",
+    )
+    ids, resp = await kubelet.admit_container(RESOURCE, 1)  # the only one left: preferred onto card A
+    assert cards_of(ids) == [A]
+    assert (env_of(resp)["NVIDIA_VISIBLE_DEVICES"], env_of(resp)["CUDA_DEVICE_MEMORY_LIMIT_0"]) == (
+        A,
+        "1000m",
+    )
+    assert warnings_of(apiserver, "on-a") == warnings_of(apiserver, "on-b") == []
+
+
+async def test_after_a_reboot_differing_candidates_on_other_cards_are_refused_not_guessed(
+    apiserver, kube, kubelet, plugin
+):
+    for name, mem in (("small", 1000), ("large", 9000)):
+        pod = schedule(apiserver, kube, name, [("main", [dev(A, mem, 10)])])
+        await kubelet.admit_pod(pod, RESOURCE)
+        running(apiserver, name)
+    reboot(kubelet)
+    with pytest.raises(AdmissionError) as err:
+        await kubelet.allocate(RESOURCE, [f"{B}-0"])
+    assert str(err.value) == (
+        "Allocate failed due to no pod holds the node lock hami.io/mutex.lock on node node1; only pods bound by "
+        "the HAMi scheduler extender can use nvidia.com/gpu; containers of Running pods that differ in cards or "
+        f"limits could each be the one: default/large container main ({A} 9000 MiB 10 %); default/small "
+        f"container main ({A} 1000 MiB 10 %), which is unexpected"
+    )
+    # Refusing a repeated Allocate never marks a running pod failed.
+    assert (
+        pod_annos(apiserver, "small")[ann.BIND_PHASE]
+        == pod_annos(apiserver, "large")[ann.BIND_PHASE]
+        == "success"
+    )
+
+
+async def test_a_pod_not_running_or_not_fully_served_is_no_candidate_after_a_reboot(
+    apiserver, kube, kubelet, plugin
+):
+    pod = schedule(apiserver, kube, "pending", [("main", [dev(A, 1000, 10)])])
+    await kubelet.admit_pod(pod, RESOURCE)  # success, but its phase stays Pending
+    reboot(kubelet)
+    with pytest.raises(AdmissionError, match=r"no Running pod on node node1 has a container of 1 card\(s\)"):
+        await kubelet.admit_container(RESOURCE, 1)
+    assert "hami_device_plugin_allocation_readmissions_total 0.0" in plugin.metrics.render().decode()
