@@ -137,7 +137,7 @@ def _usable_cards(
     snapshot: Snapshot, names: Sequence[str], vendor: str
 ) -> list[tuple[int, str, str, int, int]]:
     """(free MiB, node, uuid, free cores, card MiB) of healthy, uncordoned cards with a free slot."""
-    stats = {s.uuid: s for s in snapshot.state.card_stats()}
+    stats = {(s.node, s.uuid): s for s in snapshot.state.card_stats()}
     out = []
     for n in names:
         if snapshot.state.node_unusable_reason(n):
@@ -145,7 +145,7 @@ def _usable_cards(
         raw = objects.annotations(snapshot.node(n) or {}).get(A.DEVICE_CORDON, "")
         cordon = {u.strip() for u in raw.split(",")}
         for d in snapshot.devices.get(n, {}).get(vendor, []):
-            s = stats.get(d.uuid)
+            s = stats.get((n, d.uuid))
             if s is None or not d.health or d.uuid in cordon or s.used >= s.count:
                 continue
             out.append((s.devmem - s.usedmem, n, d.uuid, s.devcore - s.usedcores, s.devmem))
@@ -391,22 +391,21 @@ def _scheduled(snapshot: Snapshot, pod: Mapping[str, Any], ex: Explanation) -> E
     ex.status = "scheduled"
     ex.node = objects.node_name(pod) or objects.annotations(pod).get(A.ASSIGNED_NODE)
     ex.cards = _cards_of(snapshot, pod)
-    stats = state.card_stats()
+    # Node scores before the pod (it is on none of the other nodes), summed once per node.
+    sums: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    for st in state.card_stats():
+        t = sums[st.node]
+        for i, v in enumerate((st.count, st.used, st.devcore, st.usedcores, st.devmem, st.usedmem)):
+            t[i] += v
     names = [n for n in _schedulable(snapshot) if n != ex.node]
     uid = objects.uid(pod)
     state.remove_pod(uid)
     try:
         for n in names:
-            sums = [0, 0, 0, 0, 0, 0]
-            for s in stats:
-                if s.node == n:
-                    sums = [sums[0] + s.count, sums[1] + s.used, sums[2] + s.devcore, sums[3] + s.usedcores,
-                            sums[4] + s.devmem, sums[5] + s.usedmem]  # fmt: skip
             trial = copy.deepcopy(dict(pod))
             trial["metadata"]["uid"] = uid + "-trial"
-            ex.runners_up.append(
-                RunnerUp(n, round(node_score(*sums), 2), _fits(snapshot, trial, [n]) is not None)
-            )
+            fits = _fits(snapshot, trial, [n]) is not None
+            ex.runners_up.append(RunnerUp(n, round(node_score(*sums[n]), 2), fits))
     finally:
         state.upsert_pod(pod)
     ex.runners_up.sort(

@@ -12,11 +12,12 @@ node's registered memory rounded to one decimal. Pure: no I/O, the clock is the 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hami import annotations as A
 from hami import objects, pods
+from hami.cluster import CardStat
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import check_card
 from hami.model import ContainerRequest, Device, DeviceUsage, Selection
@@ -194,16 +195,20 @@ def _containers_on_cards(snapshot: Snapshot) -> dict[str, list[ContainerOnCard]]
     return out
 
 
-def node_report(snapshot: Snapshot, name: str, on_cards: dict[str, list[ContainerOnCard]]) -> NodeReport:
-    """One node's report (cards in vendor then index order)."""
+def node_report(
+    snapshot: Snapshot,
+    name: str,
+    on_cards: dict[str, list[ContainerOnCard]],
+    stats: Mapping[tuple[str, str], CardStat],
+) -> NodeReport:
+    """One node's report (cards in vendor then index order); `stats`: the state's card usage by (node, UUID)."""
     node = snapshot.node(name) or {"metadata": {"name": name}}
     annos = objects.annotations(node)
-    stats = {s.uuid: s for s in snapshot.state.card_stats() if s.node == name}
     cordon = {u.strip() for u in annos.get(A.DEVICE_CORDON, "").split(",") if u.strip()}
     cards: list[CardReport] = []
     for vendor, devices in sorted(snapshot.devices.get(name, {}).items()):
         for d in devices:
-            s = stats.get(d.uuid)
+            s = stats.get((name, d.uuid))
             cards.append(
                 CardReport(
                     d.uuid,
@@ -314,7 +319,8 @@ def inspect_cluster(snapshot: Snapshot, names: Sequence[str] = ()) -> ClusterRep
         if n not in known:
             raise NotFound(f"node {n!r} not found")
     on_cards = _containers_on_cards(snapshot)
-    reports = [node_report(snapshot, n, on_cards) for n in (list(dict.fromkeys(names)) or known)]
+    stats = {(s.node, s.uuid): s for s in snapshot.state.card_stats()}
+    reports = [node_report(snapshot, n, on_cards, stats) for n in (list(dict.fromkeys(names)) or known)]
     models, pending = model_footer(snapshot, reports)
     quotas = [QuotaReport(*q) for q in snapshot.state.quota_stats()]
     return ClusterReport(A.format_rfc3339(snapshot.now), reports, models, quotas, pending)
