@@ -86,6 +86,7 @@ class Server:
                 node_lock_expiry_s=options.node_lock_timeout,
                 async_record=options.async_record,
                 bind_lock_wait_s=options.bind_lock_wait,
+                filter_mode=options.filter_mode,
             ),
             metrics=self.metrics,
             events=self.events,
@@ -126,8 +127,10 @@ class Server:
         server = site._server  # noqa: SLF001 - the bound port when --port 0
         self.port = server.sockets[0].getsockname()[1] if server and server.sockets else o.port
         log.info(
-            "serving on %s (/filter /bind /healthz /readyz /metrics), scheduler %r, leader election %s",
+            "serving on %s (/filter /prioritize /bind /healthz /readyz /metrics), filter mode %s, scheduler %r, "
+            "leader election %s",
             self.url,
+            o.filter_mode,
             self.scheduler_name,
             "on" if o.leader_elect else "off",
         )

@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leader-elect-retry-period", type=duration, default=2.0, help="default 2s")
     p.add_argument("--node-lock-timeout", type=duration, default=300.0,
                    help="a node lock older than this is taken over (HAMi --node-lock-timeout, default 5m)")  # fmt: skip
+    p.add_argument("--filter-mode", default="single", choices=["single", "all"],
+                   help="single (HAMi): /filter returns the one node chosen here, cards reserved; all: /filter "
+                   "returns every node that fits, /prioritize scores them by the node policy (configure "
+                   "prioritizeVerb and a weight), the cards are chosen at /bind on kube-scheduler's pick")  # fmt: skip
     p.add_argument("--bind-lock-wait", "--node-lock-retry-timeout", dest="bind_lock_wait", type=duration,
                    default=25.0,
                    help="a bind that finds the node lock held waits up to this long for it, in a per-node "

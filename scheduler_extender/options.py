@@ -82,6 +82,10 @@ class ExtenderOptions:
     """``--leader-elect-retry-period``, seconds (default 2 s)."""
     node_lock_timeout: float = NODE_LOCK_EXPIRY_S
     """``--node-lock-timeout``, seconds: an older node lock is taken over (HAMi default 5 min)."""
+    filter_mode: str = "single"
+    """``--filter-mode``: ``single`` (HAMi: /filter returns the one node this extender chose, cards
+    reserved) or ``all`` (/filter returns every node that fits, /prioritize gives our policy's
+    scores, the cards are chosen at /bind for the node kube-scheduler picked)."""
     bind_lock_wait: float = 25.0
     """``--bind-lock-wait`` (alias ``--node-lock-retry-timeout``, HAMi v2.10), seconds: a bind that finds
     the node lock held waits this long for it (woken by the node watch) before failing; 0 fails at

@@ -1,4 +1,5 @@
-"""The extender's protocol handlers: POST /filter, POST /bind, GET /healthz, GET /readyz, GET /metrics.
+"""The extender's protocol handlers: POST /filter, POST /prioritize, POST /bind, GET /healthz, GET /readyz,
+GET /metrics.
 
 kube-scheduler treats any status other than 200 as a transport error, so /filter and /bind answer 200
 with the protocol's ``Error`` field for every problem, including bodies that are not JSON or exceed
@@ -43,7 +44,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _json(obj: Any) -> web.Response:
+def _json(obj: Any) -> web.Response:  # a dict, or the HostPriorityList array of /prioritize
     return web.Response(body=json.dumps(obj, separators=(",", ":")).encode(), content_type="application/json")
 
 
@@ -65,18 +66,16 @@ def make_app(
     app[EXTENDER_KEY] = extender
 
     def verb(
-        handler: Callable[[bytes], Awaitable[dict[str, Any]]],
+        handler: Callable[[bytes], Awaitable[Any]],
         what: str,
-        error: Callable[[str], dict[str, Any]],
+        error: Callable[[str], Any],
+        count_refusal: Callable[[], None],
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             try:
                 body = await read_body(request, max_body_bytes)
             except BodyTooLarge:
-                if what == "ExtenderArgs":
-                    extender.metrics.filter_failed("bad_request")
-                else:
-                    extender.metrics.bind_failed("bad_request")
+                count_refusal()
                 # Closing is the only safe way to skip an unread body on a keep-alive connection.
                 resp = _json(error(_too_large(what, max_body_bytes)))
                 resp.force_close()
@@ -101,10 +100,16 @@ def make_app(
         data = generate_latest(extender.metrics.registry)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    m = extender.metrics
     app.router.add_post(
-        "/filter", verb(extender.filter, "ExtenderArgs", lambda e: filter_result(None, error=e))
+        "/filter",
+        verb(extender.filter, "ExtenderArgs", lambda e: filter_result(None, error=e), lambda: m.filter_failed("bad_request")),
     )
-    app.router.add_post("/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result))
+    # kube-scheduler ignores a failed prioritize (every node gets 0 from us): an empty list says the same.
+    app.router.add_post("/prioritize", verb(extender.prioritize, "ExtenderArgs", lambda _e: [], lambda: None))
+    app.router.add_post(
+        "/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result, lambda: m.bind_failed("bad_request"))
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -50,6 +50,7 @@ from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention,
 from hami.nodelock import NODE_LOCK_EXPIRY_S, NodeMutexes, lock_node, release_node_lock
 from hami.vendors import pod_takes_node_lock
 from scheduler_extender import events as ev
+from scheduler_extender.candidates import fitting_nodes, prioritize_scores
 from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.runtime import TermGuard
@@ -83,6 +84,10 @@ class Settings:
     #: FIFO (`scheduler_extender.lockwait`) before failing; 0 fails at once (HAMi). Keep it below
     #: kube-scheduler's extender httpTimeout.
     bind_lock_wait_s: float = 25.0
+    #: ``--filter-mode``: ``single`` (HAMi: /filter returns the one node we chose, cards reserved) or
+    #: ``all`` (/filter returns every fitting node, /prioritize scores them, /bind picks the cards;
+    #: `scheduler_extender.candidates`).
+    filter_mode: str = "single"
 
 
 class BindFailure(Exception):
@@ -172,6 +177,8 @@ class Extender:
             if not_ready is not None:
                 self.metrics.filter_failed("not_ready")
                 result = filter_result(args, error=f"extender not ready: {not_ready}")
+            elif self.settings.filter_mode == "all":
+                result = await asyncio.to_thread(self._filter_all_sync, args)
             else:
                 result = await asyncio.to_thread(self._filter_sync, args, token)
         except InvalidRequest as e:
@@ -188,7 +195,13 @@ class Extender:
 
     def _decide(self, args: FilterArgs) -> tuple[FilterOutcome, str]:
         """The outcome and, for an `error` outcome, its metric reason (wrong_scheduler, invalid_pod)."""
-        pod = args.pod
+        other = self._other_scheduler(args.pod)
+        if other is not None:
+            return other
+        return self.state.filter(args.pod, args.names), "invalid_pod"
+
+    def _other_scheduler(self, pod: dict[str, Any]) -> tuple[FilterOutcome, str] | None:
+        """For a pod of another scheduler: pass-through (no devices asked) or the error; else None."""
         sched = (pod.get("spec") or {}).get("schedulerName") or ""
         want = self.settings.scheduler_name
         if want and sched != want:
@@ -203,7 +216,53 @@ class Extender:
                 f"extender places pods of scheduler {want!r} (let the webhook set it, or run the extender "
                 "with --scheduler-name matching the kube-scheduler profile)"
             ), "wrong_scheduler"
-        return self.state.filter(pod, args.names), "invalid_pod"
+        return None
+
+    def _filter_all_sync(self, args: FilterArgs) -> dict[str, Any]:
+        """``--filter-mode all``: every fitting candidate passes; nothing is reserved or written."""
+        pod = args.pod
+        fits: list[str] = []
+        other = self._other_scheduler(pod)
+        if other is not None:
+            outcome, error_reason = other
+        else:
+            error_reason = "invalid_pod"
+            with self.inflight.lock:  # ordered with the binds' decisions: none sees the passing fits
+                outcome, fits = fitting_nodes(self.state, pod, args.names)
+        if outcome.warnings:
+            self.events.emit(pod, reason=ev.POLICY_IGNORED, message="; ".join(outcome.warnings), warning=True)
+        if outcome.no_devices:
+            self.metrics.filters.labels("passthrough").inc()
+            return filter_result(args, passed=list(args.names))
+        if outcome.error:
+            self.metrics.filter_failed(error_reason)
+            self.events.emit(pod, reason=ev.FILTERING_FAILED, message=outcome.error, warning=True)
+            return filter_result(args, error=outcome.error)
+        failed = {n: outcome.failed_nodes.get(n, "no fit") for n in args.names if n not in set(fits)}
+        if not fits:
+            self.metrics.filter_failed("no_fit")
+            self.metrics.filters.labels("unschedulable").inc()
+            self.events.emit(
+                pod, reason=ev.FILTERING_FAILED, message=ev.filtering_failed_message(failed), warning=True
+            )
+            return filter_result(args, passed=[], failed=failed)
+        self.metrics.filters.labels("placed").inc()
+        return filter_result(args, passed=fits, failed=failed)
+
+    async def prioritize(self, body: bytes) -> list[dict[str, Any]]:
+        """Answer one ExtenderArgs body with a HostPriorityList (never raises; [] on any problem, which
+        kube-scheduler counts as 0 for every node)."""
+        try:
+            args = parse_filter_args(body)
+            if self.readiness() is not None:
+                return []
+            return await asyncio.to_thread(prioritize_scores, self.state, args.pod, args.names)
+        except InvalidRequest as e:
+            log.info("prioritize: %s", e)
+            return []
+        except Exception:  # noqa: BLE001 - never a stack trace to the caller, never a dead server
+            log.exception("prioritize failed unexpectedly")
+            return []
 
     def _filter_sync(self, args: FilterArgs, token: int | None = None) -> dict[str, Any]:
         pod = args.pod
@@ -514,6 +573,10 @@ class Extender:
                     "bind", f"binding {who} to {node} failed: the pod is already bound to {bound}"
                 )
         reserved = self.state.pod_node(uid) if uid else None
+        if self.settings.filter_mode == "all" and reserved != node and uid and self.client is not None:
+            # --filter-mode all: the cards are decided now, for the node kube-scheduler picked.
+            cached = self._place_at_bind(a, cached)
+            reserved = node
         if reserved is not None and reserved != node:
             raise BindFailure(
                 "no_reservation",
@@ -585,6 +648,42 @@ class Extender:
             reason=ev.BINDING_SUCCEED,
             message=ev.binding_succeed_message(node, ns, name),
         )
+
+    def _place_at_bind(self, a: BindArgs, cached: dict[str, Any] | None) -> dict[str, Any]:
+        """``--filter-mode all``: choose and reserve the cards on `a.node`, record them on the pod.
+
+        Returns the pod. Raises BindFailure when the pod is gone, no longer fits on the node (another
+        pod took the capacity since /filter), or the placement could not be written (the reservation
+        is released then).
+        """
+        ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
+        who = f"pod {ns}/{name}"
+        pod = cached
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+            try:
+                pod = self.client.get_pod(ns, name)
+            except HamiError as e:
+                raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+            raise BindFailure("pod_gone", f"binding {who} to {node} failed: the pod no longer exists")
+        with self.inflight.lock:
+            outcome = self.state.filter(pod, [node])
+            if outcome.node == node:
+                self.inflight.expect(uid, outcome.annotations)
+        if outcome.error:
+            raise BindFailure("invalid_pod", f"binding {who} to {node} failed: {outcome.error}")
+        if outcome.node != node:
+            why = outcome.failed_nodes.get(node, "no fit")
+            raise BindFailure(
+                "no_fit", f"binding {who} to {node} failed: it no longer fits there ({why}); it will be scheduled again"
+            )
+        error = self._record(pod, outcome)
+        if error is not None:
+            self._release_reservation(uid)
+            raise BindFailure("record", f"binding {who} to {node} failed: {error}")
+        cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
+        self.events.emit(pod, reason=ev.FILTERING_SUCCEED, message=ev.filtering_succeed_message(node, cards, 0))
+        return pod
 
     def _already_bound(self, a: BindArgs) -> bool:
         """No reservation for this pod UID: True for a pod already bound to the node (a retried bind),
