@@ -140,7 +140,7 @@ from kubefakes.kubelet import FakeKubelet
 async def main(socket_dir):
     kubelet = FakeKubelet(socket_dir)  # serves <socket_dir>/kubelet.sock; the plugin sees it and registers
     await kubelet.start()
-    plugin = await kubelet.wait_registered("nvidia.com/gpu")  # dialled back, first ListAndWatch read
+    plugin = await kubelet.wait_registered("nvidia.com/gpu", timeout=30)  # dialled back, ListAndWatch read
     print("registered", plugin.socket.name, "with", len(plugin.healthy()), "healthy devices")
     # What kubelet does to admit a container that asks for nvidia.com/gpu: 1.
     preferred = await plugin.stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=[
