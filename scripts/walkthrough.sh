@@ -64,7 +64,7 @@ hami-device-plugin --backend fake --fake-config cards.yaml --node-name gpu-node-
     --kubeconfig kubeconfig --socket-dir "$W/device-plugins" \
     --hook-path "$W/hook" --lock-dir "$W/vgpulock" --metrics-port -1 > device-plugin.log 2>&1 &
 DP_PID=$!
-wait_for 'annotations nodes/gpu-node-1 | grep -q node-nvidia-register'
+wait_for 'curl -s "$API/api/v1/nodes/gpu-node-1" | grep -q node-nvidia-register'
 ls device-plugins
 annotations nodes/gpu-node-1
 
