@@ -8,6 +8,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -24,7 +25,10 @@ def portable(built):
         pytest.skip("the portable builds need zig: pip install ziglang (in the test extras)")
     if not shutil.which("readelf"):
         pytest.skip("readelf (binutils) not installed")
-    r = subprocess.run(["make", "-s", "-C", str(LIBVGPU), "portable"], capture_output=True, text=True)
+    zig = f"{sys.executable} -m ziglang"  # the interpreter that has ziglang, not whatever python3 is
+    r = subprocess.run(
+        ["make", "-s", "-C", str(LIBVGPU), "portable", f"ZIG={zig}"], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.fail(f"make -C libvgpu portable failed:\n{r.stdout}{r.stderr}", pytrace=False)
     return {t: BUILD / t / "libvgpu.so" for t in TARGETS}
