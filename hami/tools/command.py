@@ -47,8 +47,11 @@ def _add_common(p: argparse.ArgumentParser, *, namespace: bool) -> None:
     p.add_argument("-o", "--output", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("--request-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="per API request (default: 10)")  # fmt: skip
-    p.add_argument("--scheduler-name", default="hami-scheduler",
+    p.add_argument("--scheduler-name", default="hami-scheduler", metavar="NAME",
                    help="pods of this scheduler are counted, as the extender counts them (default: hami-scheduler)")  # fmt: skip
+    p.add_argument("--device-config", metavar="FILE",
+                   help="the scheduler's device-config.yaml (resource names, split counts, policies; default: "
+                   "HAMi's defaults)")  # fmt: skip
     p.add_argument("--now", metavar="RFC3339",
                    help="judge lock ages and handshakes at this time instead of the current one (reproducible reports)")  # fmt: skip
 
@@ -123,10 +126,13 @@ def _now(value: str | None) -> datetime:
 
 
 def _snapshot(args: argparse.Namespace) -> Any:
+    from hami.config import load_config_file
     from hami.kube import KubeClient
     from hami.tools.snapshot import Snapshot, read_objects
 
     now = _now(args.now)
+    # Local input first: a bad file is reported before any connection is tried.
+    config = load_config_file(args.device_config) if args.device_config else None
     path = kubeconfig_path(args.kubeconfig)
     if args.request_timeout <= 0:
         raise InvalidRequest(f"--request-timeout {args.request_timeout:g}: want seconds > 0")
@@ -136,7 +142,7 @@ def _snapshot(args: argparse.Namespace) -> Any:
         listed = read_objects(client)
     finally:
         client.close()
-    return Snapshot.build(listed, now=now, scheduler_name=args.scheduler_name)
+    return Snapshot.build(listed, config=config, now=now, scheduler_name=args.scheduler_name)
 
 
 def _style(stream: Any) -> Any:

@@ -390,3 +390,18 @@ def test_operations_doc_examples_are_current() -> None:
     page = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     assert page.count("<!-- example: ") >= 8
     assert gen.render(page) == page, "docs/operations.md is stale: run python scripts/gen_operations_doc.py"
+
+
+def test_device_config_is_the_schedulers(demo: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str],
+                                         tmp_path: Path) -> None:  # fmt: skip
+    """With the scheduler's device-config the tools read resources as the extender does: here the count
+    resource is renamed, so the demo's `nvidia.com/gpu` pod asks for no managed device."""
+    cfg = tmp_path / "device-config.yaml"
+    cfg.write_text("nvidia:\n  resourceCountName: example.com/vgpu\n", encoding="utf-8")
+    code, out, _ = _main(capsys, "explain", "default/whole-card", "--kubeconfig", kubeconfig, "--device-config",
+                         str(cfg), "-o", "json")  # fmt: skip
+    assert code == 0 and json.loads(out)["status"] == "no-devices"
+    cfg.write_text("bogus: 1\n", encoding="utf-8")
+    code, out, err = _main(capsys, "inspect", "--kubeconfig", kubeconfig, "--device-config", str(cfg))
+    assert (code, out) == (command.EXIT_USAGE, "")
+    assert err.startswith(f"hami: error: {cfg}: bogus: unknown top-level key")
