@@ -195,3 +195,114 @@ def prefilter(
         else:
             failed[name] = why
     return candidates
+
+
+def node_verdict(n: SummarizedNode | None, needs: Mapping[str, tuple[Need, ...]]) -> str | None:
+    """One node's prefilter verdict: None when its summaries can take every demand, else the reason
+    `prefilter` gives (the same texts, in the same order of checks)."""
+    if n is None:
+        return "node unregistered"
+    if n.unusable:
+        return n.unusable
+    for v, vneeds in needs.items():
+        if v not in n.devices:
+            return f"NodeInsufficientDevice: no {v} device"
+        summary = n.summaries.get(v) or n.summary(v)
+        for need in vneeds:
+            why = need.misfit(summary)
+            if why is not None:
+                return why
+    return None
+
+
+@dataclass(slots=True)
+class _Verdicts:
+    """Every node's verdict for one demand, current up to change-log position `seen`."""
+
+    fits: set[str]
+    fails: dict[str, str]
+    seen: int
+
+
+class VerdictIndex:
+    """Per demand, the prefilter verdict of every node, kept current from the names of changed nodes.
+
+    Why: at 10,000 nodes the per-node loop of `prefilter` alone costs ~20 ms per filter, although
+    between two filters only the nodes a reservation or an event touched changed. The owner of the
+    nodes calls `changed(name)` whenever anything `node_verdict` reads may have changed (usage,
+    registration, unusable reason, removal) and `reset()` when it replaces them all; `candidates`
+    then re-judges only the nodes changed since the demand was last asked for, and answers a filter
+    with set lookups over the candidate names. The verdicts are exactly `prefilter`'s (a property test
+    holds that). At most `max_demands` demands are kept (least recently used first out): each holds a
+    set and a dict over all nodes, about 1 MiB at 10,000 nodes.
+    """
+
+    def __init__(self, *, max_demands: int = 32, max_log: int = 100_000) -> None:
+        self.max_demands = max_demands
+        self.max_log = max_log
+        self._log: list[str] = []
+        self._base = 0  # absolute position of _log[0]
+        self._by_key: dict[tuple, _Verdicts] = {}  # insertion order = least recently used first
+
+    def changed(self, name: str) -> None:
+        """Node `name` changed (or appeared, or went)."""
+        self._log.append(name)
+
+    def reset(self) -> None:
+        """Every node changed (a rebuild): forget all verdicts."""
+        self._base += len(self._log)
+        self._log.clear()
+        self._by_key.clear()
+
+    def candidates(
+        self,
+        nodes: Mapping[str, N],
+        node_names: Sequence[str],
+        needs: Mapping[str, tuple[Need, ...]],
+        failed: dict[str, str],
+    ) -> list[N]:
+        """What `prefilter(nodes, node_names, needs, failed)` returns and writes into `failed`."""
+        end = self._base + len(self._log)
+        key = tuple(needs.items())
+        v = self._by_key.pop(key, None)
+        if v is None:
+            fits: set[str] = set()
+            fails: dict[str, str] = {}
+            for name, n in nodes.items():
+                why = node_verdict(n, needs)
+                if why is None:
+                    fits.add(name)
+                else:
+                    fails[name] = why
+            v = _Verdicts(fits, fails, end)
+        elif v.seen < end:
+            fits, fails = v.fits, v.fails
+            for name in set(self._log[v.seen - self._base :]):
+                n = nodes.get(name)
+                fits.discard(name)
+                fails.pop(name, None)
+                if n is None:
+                    continue  # gone: "node unregistered" below, as for a name never seen
+                why = node_verdict(n, needs)
+                if why is None:
+                    fits.add(name)
+                else:
+                    fails[name] = why
+            v.seen = end
+        self._by_key[key] = v  # most recently used last
+        while len(self._by_key) > self.max_demands:
+            del self._by_key[next(iter(self._by_key))]
+        if len(self._log) > self.max_log:
+            self._compact()
+        fits, fails = v.fits, v.fails
+        failed.update({name: fails.get(name, "node unregistered") for name in node_names if name not in fits})
+        return [nodes[name] for name in node_names if name in fits]
+
+    def _compact(self) -> None:
+        """Drop the log entries every kept demand has seen, and the demands far behind (they rebuild)."""
+        end = self._base + len(self._log)
+        for key in [k for k, v in self._by_key.items() if end - v.seen > self.max_log // 2]:
+            del self._by_key[key]
+        start = min((v.seen for v in self._by_key.values()), default=end)
+        del self._log[: start - self._base]
+        self._base = start
