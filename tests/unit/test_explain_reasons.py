@@ -311,3 +311,9 @@ def test_resources_written_as_annotations_are_flagged() -> None:
         "nvidia.com/gpumem is a pod annotation here; only resources.limits count"
     )
     assert ex.groups[0].words == "asks a whole card (no gpumem given); every card has sharers"
+
+
+def test_a_pending_pod_that_fits_now_is_said_to_fit() -> None:
+    ex = explain_pod(_snapshot([_node("n1", 1), _pending(limits(1, 1000, 10))]), NS, "wants")
+    assert (ex.status, ex.node) == ("fits-now", "n1")
+    assert ex.message == "fits now on n1: the scheduler places it at its next retry"
