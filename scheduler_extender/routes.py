@@ -10,10 +10,10 @@ Keep-alive stays on (k8s-protocols §1.8.16): connection setup would eat into th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -45,7 +45,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _json(obj: Any) -> web.Response:  # a dict, or the HostPriorityList array of /prioritize
-    return web.Response(body=json.dumps(obj, separators=(",", ":")).encode(), content_type="application/json")
+    # orjson: the filter reply names every candidate (485 reasons on a 1213-node cluster).
+    return web.Response(body=orjson.dumps(obj), content_type="application/json")
 
 
 def _too_large(what: str, limit: int) -> str:

@@ -314,9 +314,10 @@ class Extender:
                 warning=True,
             )
             return filter_result(args, passed=[], failed=failed)
+        chosen_reason = f"node {outcome.node} chosen"  # one string for every other candidate
         for n in args.names:
-            if n != outcome.node:
-                failed.setdefault(n, f"node {outcome.node} chosen")
+            if n not in failed and n != outcome.node:
+                failed[n] = chosen_reason
         cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
         succeed = ev.filtering_succeed_message(outcome.node, cards, len(failed))
         if self._recorder is not None:
