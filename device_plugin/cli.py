@@ -148,19 +148,52 @@ def parse_options(argv: Sequence[str] | None = None, env: Mapping[str, str] | No
     device config file.
     """
     env = os.environ if env is None else env
+    parser = build_parser()
     loaded: dict[str, DeviceConfig] = {}
 
     def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
         # The config file supplies the resource name (per node) and the scheduler name.
+        for problem in settings.file_problems({"--device-config": values["device_config"]}):
+            parser.error(problem)
         config = loaded["config"] = load_config_file(values["device_config"] or None)
         nvidia = config.nvidia_for_node(values["node_name"] or "")
         return {"resource_name": nvidia.resourceCountName, "scheduler_name": config.scheduler.schedulerName}
 
     values = settings.resolve(
-        build_parser(), argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
+        parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
     )
+    _check_paths(parser, values)
     values["register_interval_s"] = values.pop("register_interval")
     return CommandOptions(config=loaded["config"], **values)
+
+
+#: AF_UNIX keeps a socket path in a 108-byte ``sun_path`` with its terminating NUL (Linux unix(7)).
+_MAX_SOCKET_PATH = 107
+
+
+def _check_paths(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
+    """Make ``--socket-dir`` absolute, refuse paths that cannot work; exits 2 naming the flag.
+
+    gRPC reads ``unix://device-plugins/x.sock`` as host ``device-plugins``, so a relative socket
+    directory is made absolute here. ``--hook-path`` and ``--lock-dir`` are host paths the plugin
+    hands kubelet as mounts, which must be absolute; guessing from this container's working
+    directory would mount the wrong place, so a relative one is refused.
+    """
+    from device_plugin.kubelet import socket_name  # noqa: PLC0415 - keeps `--help` free of grpc
+
+    values["socket_dir"] = os.path.abspath(values["socket_dir"])
+    sock = os.path.join(values["socket_dir"], socket_name(values["resource_name"]))
+    if os.path.exists(values["socket_dir"]) and not os.path.isdir(values["socket_dir"]):
+        parser.error(f"--socket-dir {values['socket_dir']!r}: not a directory")
+    if len(os.fsencode(sock)) > _MAX_SOCKET_PATH:
+        parser.error(
+            f"--socket-dir {values['socket_dir']!r}: too long for a unix socket path "
+            f"({len(os.fsencode(sock))} bytes with the socket name, at most {_MAX_SOCKET_PATH})"
+        )
+    for dest in ("hook_path", "lock_dir"):
+        if not os.path.isabs(values[dest]):
+            flag = "--" + dest.replace("_", "-")
+            parser.error(f"{flag} {values[dest]!r}: must be an absolute host path (kubelet mounts it)")
 
 
 async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> int:
@@ -206,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     """Console script entry point (``hami-device-plugin = device_plugin.cli:main``).
 
     Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
-    stderr), 2 for usage errors (missing node name, bad flag or environment value).
+    stderr), 2 for usage errors (missing node name, bad flag or environment value, a path flag naming
+    a missing file or an unusable directory).
     """
     try:
         options = parse_options(argv)
@@ -219,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not options.node_name:
         print("hami-device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
+        return 2
+    for problem in settings.file_problems({"--fake-config": options.fake_config}):
+        print(f"hami-device-plugin: {problem}", file=sys.stderr)
         return 2
     try:
         return asyncio.run(run(options))

@@ -116,7 +116,12 @@ class KubeletRegistration:
         server = grpc.aio.server()
         self._servicer = self.make_servicer()
         rpc.add_DevicePluginServicer_to_server(self._servicer, server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        try:
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError as e:
+            # grpc reports a failed bind as RuntimeError; as OSError it is one line at start and
+            # retried by `_watch` after a kubelet restart, like the other socket failures.
+            raise OSError(f"cannot serve the device plugin socket {self.socket_path}: {e}") from None
         await server.start()
         self._server = server
         self._served_at = _identity(self.socket_path)

@@ -23,6 +23,7 @@ so the rule is testable without touching the process.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from hami.booleans import parse_bool
 from hami.errors import InvalidRequest
 
-__all__ = ["SettingError", "argtype", "boolean", "duration", "env_names", "resolve"]
+__all__ = ["SettingError", "argtype", "boolean", "duration", "env_names", "file_problems", "resolve"]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -72,6 +73,31 @@ def boolean(value: str) -> bool:
     except InvalidRequest as e:
         # parse_bool's message starts with the field; the caller names the flag and the variable.
         raise InvalidRequest(str(e).split(": ", 1)[1]) from None
+
+
+def file_problems(files: Mapping[str, str | None]) -> list[str]:
+    """Flag -> path of the files a server reads at start -> one line per unusable one, in order.
+
+    A None or empty path (flag not given) is skipped. Each line names the flag and the path:
+    ``--tls-cert-file 'tls.crt': no such file`` / ``is a directory, want a file`` / ``not readable
+    (permission denied)``. Empty when every file can be opened for reading. Touches the filesystem, so
+    `resolve` never calls it: the servers do, just before they read the files (the device config in
+    their config layer, certificates in ``main``).
+    """
+    problems = []
+    for flag, path in files.items():
+        if not path:
+            continue
+        if os.path.isdir(path):
+            why = "is a directory, want a file"
+        elif not os.path.exists(path):
+            why = "no such file"
+        elif not os.access(path, os.R_OK):
+            why = "not readable (permission denied)"
+        else:
+            continue
+        problems.append(f"{flag} {path!r}: {why}")
+    return problems
 
 
 def argtype(parse: Callable[[str], Any]) -> Callable[[str], Any]:

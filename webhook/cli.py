@@ -76,6 +76,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
 
     def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
         # The device config file supplies `--scheduler-name` (``scheduler.schedulerName``).
+        for problem in settings.file_problems({"--config": values["config"]}):
+            parser.error(problem)
         config = loaded["device_config"] = load_config_file(values["config"])
         return {"scheduler_name": config.scheduler.schedulerName}
 
@@ -109,9 +111,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start: %s", exc)
         return 2
     logging.basicConfig(level=options.log_level, format=fmt, stream=sys.stderr)
+    tls = {"--tls-cert-file": options.tls_cert_file, "--tls-private-key-file": options.tls_private_key_file}
+    for problem in settings.file_problems(tls):
+        log.error("cannot start: %s", problem)
+        return 2
     try:
         asyncio.run(serve(options))
-    except (HamiError, OSError, ssl.SSLError) as exc:
+    except ssl.SSLError as exc:  # both files open, but they are no PEM certificate and key pair
+        log.error("cannot start: --tls-cert-file %r / --tls-private-key-file %r: %s",
+                  options.tls_cert_file, options.tls_private_key_file, exc)  # fmt: skip
+        return 2
+    except (HamiError, OSError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     return 0
