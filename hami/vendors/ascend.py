@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami import annotations as A
-from hami.configparse import parse_section
+from hami.configparse import parse_section, require
 from hami.errors import ConfigError, InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib
@@ -164,6 +164,17 @@ class AscendConfig:
                 raise ConfigError(
                     f"{where}.memoryFactor: {c.memoryFactor!r} is invalid; valid: an integer >= 1"
                 )
+            for key, val in (("memoryCapacity", c.memoryCapacity), ("aiCore", c.aiCore), ("aiCPU", c.aiCPU)):
+                require(val >= 0, f"{where}.{key}", val, "an integer >= 0")
+            for j, t in enumerate(c.templates):
+                # A nameless template is written as no `temp` (a whole NPU to the device plugin) while
+                # the scheduler counts only the template's memory; a template of no memory never matches.
+                tw = f"{where}.templates[{j}]"
+                if not t.name:
+                    raise ConfigError(f"{tw}.name: must not be empty; valid: a vNPU template name such as vir05_1c_16g")
+                require(t.memory > 0, f"{tw}.memory", t.memory, "MiB > 0")
+                require(t.aiCore >= 0, f"{tw}.aiCore", t.aiCore, "an integer >= 0")
+                require(t.aiCPU >= 0, f"{tw}.aiCPU", t.aiCPU, "an integer >= 0")
 
 
 def parse(key: str, raw: Any) -> AscendConfig:

@@ -41,6 +41,29 @@ def test_config_section_parses_chips_and_templates():
         )
 
 
+
+@pytest.mark.parametrize(
+    ("chip", "message"),
+    [
+        ({"templates": [{"memory": 16384, "aiCore": 5}]},
+         r"^vnpus\.configs\[0\]\.templates\[0\]\.name: must not be empty; valid: a vNPU template name"),
+        ({"templates": [{"name": "t", "memory": -16384}]},
+         r"^vnpus\.configs\[0\]\.templates\[0\]\.memory: -16384 is invalid; valid: MiB > 0$"),
+        ({"templates": [{"name": "t", "memory": 0}]},
+         r"^vnpus\.configs\[0\]\.templates\[0\]\.memory: 0 is invalid; valid: MiB > 0$"),
+        ({"templates": [{"name": "t", "memory": 100, "aiCore": -5}]},
+         r"^vnpus\.configs\[0\]\.templates\[0\]\.aiCore: -5 is invalid; valid: an integer >= 0$"),
+        ({"aiCore": -1}, r"^vnpus\.configs\[0\]\.aiCore: -1 is invalid; valid: an integer >= 0$"),
+        ({"memoryCapacity": -1}, r"^vnpus\.configs\[0\]\.memoryCapacity: -1 is invalid; valid: an integer >= 0$"),
+    ],
+    ids=["nameless-template", "negative-template", "empty-template", "negative-template-cores", "negative-cores",
+         "negative-capacity"],
+)  # fmt: skip
+def test_config_rejects_templates_the_plugin_would_read_otherwise(chip, message):
+    entry = {"commonWord": "Ascend910X", "memoryAllocatable": 65536, **chip}
+    with pytest.raises(ConfigError, match=message):
+        load_config({"scheduler": {"enableAscend": True}, "vnpus": {"configs": [entry]}})
+
 @pytest.mark.parametrize(
     ("asked", "written"),
     [("12000", "16384"), ("40000", "65536"), (None, "65536")],
