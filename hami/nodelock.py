@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime
@@ -81,23 +82,45 @@ class NodeMutexes:
 
     An entry exists only while some thread holds or waits for that node's mutex, so the table stays
     as small as the number of nodes being locked right now, not every node ever seen.
+
+    The recorded owners (`record_owner`) are kept for the lock's expiry only: the device plugin, not
+    this process, normally releases the lock, so no `forget_owner` comes for most entries; after the
+    expiry the lock may be taken over anyway and the UID no longer decides anything. So the owner
+    table holds at most the nodes this process locked within the last expiry (5 minutes by default),
+    not every node it ever locked. `clock`: monotonic seconds (tests pass a fake).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._guard = threading.Lock()
         self._entries: dict[str, list[Any]] = {}  # node -> [lock, number of holders and waiters]
-        # node -> (namespace, name, UID) of the pod this process last locked it for: the lock value
-        # carries no UID (HAMi's wire format), so only the process that wrote it knows the incarnation.
-        # At most one entry per node.
-        self._owners: dict[str, tuple[str, str, str]] = {}
+        # node -> (namespace, name, UID, forget at) of the pod this process last locked it for: the lock
+        # value carries no UID (HAMi's wire format), so only the process that wrote it knows the
+        # incarnation. At most one entry per node; in recording order, so the oldest come first.
+        self._owners: dict[str, tuple[str, str, str, float]] = {}
+        self._clock = clock
 
-    def record_owner(self, node_name: str, namespace: str, name: str, uid: str | None) -> None:
-        """This process locked `node_name` for pod `namespace`/`name` of UID `uid` (None: unknown)."""
+    def record_owner(
+        self,
+        node_name: str,
+        namespace: str,
+        name: str,
+        uid: str | None,
+        *,
+        expiry_s: float = NODE_LOCK_EXPIRY_S,
+    ) -> None:
+        """This process locked `node_name` for pod `namespace`/`name` of UID `uid` (None: unknown);
+        remembered for `expiry_s` seconds (the lock's expiry). Drops the entries whose time is up."""
+        now = self._clock()
         with self._guard:
+            self._owners.pop(node_name, None)  # re-inserted last: the order stays the recording order
             if uid:
-                self._owners[node_name] = (namespace, name, uid)
-            else:
-                self._owners.pop(node_name, None)
+                self._owners[node_name] = (namespace, name, uid, now + expiry_s)
+            # With one expiry for all the oldest entry is the first to go: stop at the first live one.
+            while self._owners:
+                first = next(iter(self._owners))
+                if self._owners[first][3] > now:
+                    break
+                del self._owners[first]
 
     def forget_owner(self, node_name: str) -> None:
         """The lock of `node_name` was released (by us)."""
@@ -105,10 +128,19 @@ class NodeMutexes:
             self._owners.pop(node_name, None)
 
     def owner_uid(self, node_name: str, namespace: str, name: str) -> str | None:
-        """The UID this process locked `node_name` for, when the lock names `namespace`/`name`; else None."""
+        """The UID this process locked `node_name` for, when the lock names `namespace`/`name` and was
+        taken within its expiry; else None."""
         with self._guard:
             entry = self._owners.get(node_name)
+            if entry is not None and entry[3] <= self._clock():
+                del self._owners[node_name]
+                entry = None
         return entry[2] if entry is not None and entry[:2] == (namespace, name) else None
+
+    def recorded_owners(self) -> int:
+        """Nodes with a recorded owner now (at most those locked by this process within the expiry)."""
+        with self._guard:
+            return len(self._owners)
 
     @contextmanager
     def hold(self, node_name: str) -> Iterator[None]:
@@ -239,7 +271,12 @@ def lock_node(
                 return
             age_s = (clock() - lock.time).total_seconds()
             if lock.namespace == namespace and lock.name == pod_name:
-                log.info("node %s: lock of an earlier incarnation of pod %s/%s; taking it", node_name, namespace, pod_name)
+                log.info(
+                    "node %s: lock of an earlier incarnation of pod %s/%s; taking it",
+                    node_name,
+                    namespace,
+                    pod_name,
+                )
             elif age_s <= expiry_s:
                 why = dangling_reason(client, lock, node_name, owner_uid=recorded)
                 if why is None:
@@ -267,7 +304,7 @@ def lock_node(
             # The node changed since we read it (maybe another scheduler took the lock): re-read.
             raise _NodeChanged() from None
         if mutexes is not None:
-            mutexes.record_owner(node_name, namespace, pod_name, uid)
+            mutexes.record_owner(node_name, namespace, pod_name, uid, expiry_s=expiry_s)
 
     with _holding(mutexes, node_name):
         if cached is not None and _lock_from_cache(
@@ -275,7 +312,7 @@ def lock_node(
             key=key, clock=clock,
         ):  # fmt: skip
             if mutexes is not None:
-                mutexes.record_owner(node_name, namespace, pod_name, uid)
+                mutexes.record_owner(node_name, namespace, pod_name, uid, expiry_s=expiry_s)
             return
         try:
             retry_call(attempt, retry_on=(_NodeChanged,), retries=RETRY_STEPS, backoff=RETRY_BACKOFF)
