@@ -1,0 +1,113 @@
+"""An operator's HAMi values file (tests/chart/data/hami-v2.10-values.yaml, HAMi v2.10's chart defaults)
+given to this chart: HAMi's own flags and images, which would crash-loop a pod here, are refused at render
+time with the key named; after the edits docs/install.md lists, the file renders, every object validates
+strictly and every container's flags parse with our real parsers."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import helm_python
+import pytest
+import yaml
+
+from tests.chart.render import ROOT, render
+from tests.chart.schemas import validate
+from tests.chart.test_chart_fit import FOREIGN, containers, parsed, parser_for
+
+HAMI_VALUES = yaml.safe_load((Path(__file__).parent / "data" / "hami-v2.10-values.yaml").read_text())
+VALIDATE = (ROOT / "helm" / "hami" / "templates" / "validate.yaml").read_text()
+
+
+def migrated(values: dict) -> dict:
+    """The edits of docs/install.md's "Migrating from HAMi": drop HAMi's images, its image tag and its
+    flag lists."""
+    v = copy.deepcopy(values)
+    v["global"].pop("imageTag")
+    v["scheduler"]["kubeScheduler"].pop("image")
+    v["scheduler"]["kubeScheduler"].pop("extraArgs")
+    v["scheduler"]["extender"].pop("image")
+    v["scheduler"]["extender"].pop("extraArgs")
+    v["devicePlugin"].pop("image")
+    v["devicePlugin"].pop("extraArgs")
+    return v
+
+
+def without(values: dict, *paths: str) -> dict:
+    v = copy.deepcopy(values)
+    for path in paths:
+        *parents, leaf = path.split(".")
+        node = v
+        for p in parents:
+            node = node[p]
+        node.pop(leaf)
+    return v
+
+
+# (what is left in the file, the key the error must name, the offending value)
+STEPS = [
+    ((), "scheduler.kubeScheduler.extraArgs", "--policy-config-file=/config/config.json"),
+    (("scheduler.kubeScheduler.extraArgs",), "scheduler.extender.extraArgs", "--debug"),
+    (("scheduler.kubeScheduler.extraArgs", "scheduler.extender.extraArgs"), "devicePlugin.extraArgs", "-v=false"),
+    (
+        ("scheduler.kubeScheduler.extraArgs", "scheduler.extender.extraArgs", "devicePlugin.extraArgs"),
+        "image.repository",
+        "projecthami/hami",
+    ),
+]
+
+
+@pytest.mark.parametrize(("removed", "key", "value"), STEPS, ids=[s[1] for s in STEPS])
+def test_hami_flags_and_images_are_refused_naming_the_key(removed: tuple, key: str, value: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError) as e:
+        render(without(HAMI_VALUES, *removed))
+    assert key in str(e.value) and f'"{value}"' in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("kube_version", ["v1.23.0", "v1.30.0"])
+def test_the_migrated_file_renders_validates_and_parses(kube_version: str) -> None:
+    r = render(migrated(HAMI_VALUES), kube_version=kube_version)
+    for o in r.objects:
+        validate(o, kube_version)
+    for _o, _spec, c in containers(r):
+        command = c["command"][0]
+        if command in FOREIGN:
+            assert {a.split("=")[0] for a in c.get("args", []) if a.startswith("-")} <= FOREIGN[command]
+        else:
+            parsed(c)
+    # HAMi's knobs that the file sets still arrive.
+    [dp] = r.find("DaemonSet", "hami-device-plugin")
+    assert dp["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "on"}
+    cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
+    assert cfg["nvidia"]["deviceSplitCount"] == 10 and cfg["nvidia"]["gpuCorePolicy"] == "default"
+
+
+def _refused(component: str) -> list[str]:
+    """The flags validate.yaml refuses in `component`'s extraArgs (its `has $flag (list ...)`)."""
+    block = VALIDATE.split(f"range .Values.{component}.extraArgs" if component == "devicePlugin" else
+                           f"range $s.{component}.extraArgs")[1].split("{{- end }}")[0]  # fmt: skip
+    [listed] = re.findall(r'\(list ((?:"[^"]+" ?)+)\)', block)
+    return re.findall(r'"([^"]+)"', listed)
+
+
+@pytest.mark.parametrize(
+    ("component", "command"), [("extender", "hami-scheduler-extender"), ("devicePlugin", "hami-device-plugin")]
+)
+def test_the_chart_refuses_only_flags_our_parsers_reject(component: str, command: str) -> None:
+    # A refused flag that our parser accepted would block a valid install.
+    refused = _refused(component)
+    assert len(refused) >= 5, refused  # the list was found
+    known = set(parser_for(command)._option_string_actions)  # noqa: SLF001 - the parser's own flag table
+    assert not known & set(refused), known & set(refused)
+
+
+def test_our_own_flags_in_extra_args_still_pass() -> None:
+    r = render({
+        "scheduler": {"extender": {"extraArgs": ["--filter-mode", "all", "--kube-qps=50"]},
+                      "kubeScheduler": {"extraArgs": ["-v=4"]}},
+        "devicePlugin": {"extraArgs": ["-v"]},
+    })  # fmt: skip
+    [ext] = [c for _o, _s, c in containers(r) if c["name"] == "hami-scheduler-extender"]
+    assert parsed(ext).filter_mode == "all"
