@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from hami import objects
 from hami.annotations import align_pod_devices
+from hami.errors import InvalidRequest
 from hami.model import CardGrant, ContainerRequest, PodDevices
 
 if TYPE_CHECKING:
@@ -116,12 +117,47 @@ def init_done(pod: Mapping[str, Any]) -> bool:
     return True
 
 
+def check_container_shape(c: Any, path: str) -> None:
+    """Raise InvalidRequest naming the field when a container member the vendor hooks read has the
+    wrong JSON type (`path` like ``spec.containers[0]``). The API server's decoder rejects such pods,
+    but a request body (ExtenderArgs, an AdmissionReview) must never reach the vendors with them: they
+    would fail with an internal error instead of a message."""
+    if not isinstance(c, dict):
+        raise InvalidRequest(f"{path} must be an object (a container), got {type(c).__name__}")
+    res = c.get("resources")
+    if res is not None:
+        if not isinstance(res, dict):
+            raise InvalidRequest(f"{path}.resources must be an object, got {type(res).__name__}")
+        for part in ("limits", "requests"):
+            value = res.get(part)
+            if value is not None and not isinstance(value, dict):
+                raise InvalidRequest(
+                    f"{path}.resources.{part} must be an object (resource name -> quantity), "
+                    f"got {type(value).__name__}"
+                )
+    env = c.get("env")
+    if env is not None:
+        if not isinstance(env, list):
+            raise InvalidRequest(f"{path}.env must be a list of {{name, value}} objects")
+        for j, e in enumerate(env):
+            if not isinstance(e, dict):
+                raise InvalidRequest(f"{path}.env[{j}] must be an object with name and value")
+    ctx = c.get("securityContext")
+    if ctx is not None and not isinstance(ctx, dict):
+        raise InvalidRequest(f"{path}.securityContext must be an object, got {type(ctx).__name__}")
+
+
 def requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor] | Sequence[Vendor]) -> list[ContainerSpec]:
     """Per container (device-list order) its device requests, one per vendor it asks for.
 
-    Raises InvalidRequest (from the vendor) for a bad quantity, naming the container and the field.
+    Raises InvalidRequest (from the vendor) for a bad quantity, naming the container and the field, and
+    for a container of the wrong JSON shape (`check_container_shape`).
     """
     vs = list(vendors.values()) if isinstance(vendors, Mapping) else list(vendors)
+    spec = objects.spec(pod)
+    for field in ("initContainers", "containers"):
+        for i, c in enumerate(_list(spec, field)):
+            check_container_shape(c, f"spec.{field}[{i}]")
     return [container_spec(c, kind, vs) for kind, c in entries(pod)]
 
 

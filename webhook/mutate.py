@@ -78,31 +78,8 @@ def _containers(spec: dict[str, Any]) -> list[_Slot]:
     return slots
 
 
-def _check_container_shape(c: dict[str, Any], path: str) -> None:
-    """Raise InvalidRequest naming the field when a container member the vendor hooks read has the
-    wrong JSON type (the API server's decoder rejects such pods, but a review must never reach the
-    vendors with them: they would fail with an internal error instead of a message)."""
-    res = c.get("resources")
-    if res is not None:
-        if not isinstance(res, dict):
-            raise InvalidRequest(f"{path}.resources must be an object, got {type(res).__name__}")
-        for part in ("limits", "requests"):
-            value = res.get(part)
-            if value is not None and not isinstance(value, dict):
-                raise InvalidRequest(
-                    f"{path}.resources.{part} must be an object (resource name -> quantity), "
-                    f"got {type(value).__name__}"
-                )
-    env = c.get("env")
-    if env is not None:
-        if not isinstance(env, list):
-            raise InvalidRequest(f"{path}.env must be a list of {{name, value}} objects")
-        for j, e in enumerate(env):
-            if not isinstance(e, dict):
-                raise InvalidRequest(f"{path}.env[{j}] must be an object with name and value")
-    ctx = c.get("securityContext")
-    if ctx is not None and not isinstance(ctx, dict):
-        raise InvalidRequest(f"{path}.securityContext must be an object, got {type(ctx).__name__}")
+#: The container shape rules live with the pod rules, shared with the scheduler's request parsing.
+_check_container_shape = pods.check_container_shape
 
 
 def _locate(message: str, slot: _Slot) -> str:
