@@ -80,10 +80,11 @@ def _whole(v: Fraction, *, resource: str, raw: object, unit: str) -> int:
     return int(v)
 
 
-def to_count(value: object, *, resource: str) -> int:
-    """A device count (e.g. `nvidia.com/gpu: 2`): a whole number >= 0. Raises InvalidRequest."""
+def to_count(value: object, *, resource: str, unit: str = "devices") -> int:
+    """A whole number >= 0 of `unit` (a device count such as `nvidia.com/gpu: 2`, or a count of another
+    unit the message names: percent, 512 MiB units, ...). Raises InvalidRequest."""
     v, _ = parse_quantity(value, resource=resource)
-    return _whole(v, resource=resource, raw=value, unit="devices")
+    return _whole(v, resource=resource, raw=value, unit=unit)
 
 
 def to_mib(value: object, *, resource: str, unit_mib: int = 1, per_card: bool = False) -> int:

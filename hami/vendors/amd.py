@@ -83,7 +83,7 @@ class AMDVendor(C.ShareVendor):
         n = self._names
         if n.cores not in limits:
             return 100
-        pct = to_count(limits[n.cores], resource=C.field_name(container, n.cores))
+        pct = to_count(limits[n.cores], resource=C.field_name(container, n.cores), unit="percent")
         if not 1 <= pct <= 100:
             raise InvalidRequest(
                 f"container {container.get('name', '?')}: {n.cores} must be an integer percentage between 1 and 100"

@@ -171,7 +171,9 @@ class AscendConfig:
                 # the scheduler counts only the template's memory; a template of no memory never matches.
                 tw = f"{where}.templates[{j}]"
                 if not t.name:
-                    raise ConfigError(f"{tw}.name: must not be empty; valid: a vNPU template name such as vir05_1c_16g")
+                    raise ConfigError(
+                        f"{tw}.name: must not be empty; valid: a vNPU template name such as vir05_1c_16g"
+                    )
                 require(t.memory > 0, f"{tw}.memory", t.memory, "MiB > 0")
                 require(t.aiCore >= 0, f"{tw}.aiCore", t.aiCore, "an integer >= 0")
                 require(t.aiCPU >= 0, f"{tw}.aiCPU", t.aiCPU, "an integer >= 0")
@@ -284,7 +286,9 @@ class AscendVendor(C.ShareVendor):
                 * self.chip.memoryFactor
             )
         cores = (
-            to_count(limits[n.cores], resource=C.field_name(container, n.cores)) if n.cores in limits else 0
+            to_count(limits[n.cores], resource=C.field_name(container, n.cores), unit="percent")
+            if n.cores in limits
+            else 0
         )
         return ContainerRequest(self.common_word, nums, mem, 100 if mem == 0 else 101, cores)
 
@@ -314,7 +318,7 @@ class AscendVendor(C.ShareVendor):
         if (
             not soft
             and n.cores in present
-            and to_count(present[n.cores], resource=C.field_name(container, n.cores)) > 0
+            and to_count(present[n.cores], resource=C.field_name(container, n.cores), unit="percent") > 0
         ):
             raise InvalidRequest(f"{n.cores} is only supported in hami-core (soft split) mode")
         if n.memory in limits:

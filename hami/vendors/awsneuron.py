@@ -114,7 +114,7 @@ class AWSNeuronVendor(C.ShareVendor):
         n = C.capacity_count(node, self._names.count)
         if n is None:
             return None
-        cores = C.capacity_count(node, self._names.cores) or 0
+        cores = C.capacity_count(node, self._names.cores, unit="NeuronCores") or 0
         per = cores // n if n else 0
         name = objects.name(node)
         itype = labels(node).get(INSTANCE_TYPE, "")

@@ -68,10 +68,10 @@ class CambriconVendor(ShareVendor):
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
         """Cards from capacity: `i` while `i*100 < vcore`, each `vmemory*256*100/vcore` MiB."""
         c = self.config
-        cores = capacity_count(node, c.resourceCoreName)
+        cores = capacity_count(node, c.resourceCoreName, unit="percent")
         if cores is None:
             return None
-        mem = capacity_count(node, c.resourceMemoryName) or 0
+        mem = capacity_count(node, c.resourceMemoryName, unit="256 MiB units") or 0
         name = objects.name(node)
         devmem = mem * UNIT_MIB * 100 // cores if cores else 0
         return [

@@ -90,14 +90,14 @@ def in_limits(container: Mapping[str, Any], resource: str) -> bool:
     return resource in limits_only(container)
 
 
-def capacity_count(node: Mapping[str, Any], resource: str) -> int | None:
-    """`status.capacity[resource]` as a count; None when absent. Raises AnnotationError when it is not
-    a whole number (the node's inventory is then unusable, with that reason)."""
+def capacity_count(node: Mapping[str, Any], resource: str, *, unit: str = "devices") -> int | None:
+    """`status.capacity[resource]` as a whole number of `unit`; None when absent. Raises AnnotationError
+    when it is not a whole number (the node's inventory is then unusable, with that reason)."""
     value = capacity(node, resource)
     if value is None:
         return None
     try:
-        return to_count(value, resource=f"status.capacity[{resource}]")
+        return to_count(value, resource=f"status.capacity[{resource}]", unit=unit)
     except ValueError as e:
         raise AnnotationError(str(e)) from None
 
@@ -309,7 +309,7 @@ class ShareVendor(VendorBase):
             )
         cores = self.default_cores
         if n.cores and n.cores in limits:
-            cores = to_count(limits[n.cores], resource=field_name(container, n.cores))
+            cores = to_count(limits[n.cores], resource=field_name(container, n.cores), unit="percent")
         return ContainerRequest(
             vendor=self.common_word, nums=nums, memreq=memreq,
             mem_percentage=100 if memreq == 0 else PERCENTAGE_UNSET, coresreq=cores,

@@ -195,7 +195,7 @@ class DRSVendor(C.ShareVendor):
         size_name, mem_name, core_name = self._names.count, self._names.memory, self._names.cores
         limits = container_limits(container)
         if size_name in limits:
-            size = to_count(limits[size_name], resource=C.field_name(container, size_name))
+            size = to_count(limits[size_name], resource=C.field_name(container, size_name), unit="slices")
             if size > 0:
                 return ContainerRequest(self.common_word, 1, size, DIRECT, 0)
         if mem_name not in limits and core_name not in limits:
@@ -204,7 +204,7 @@ class DRSVendor(C.ShareVendor):
             to_mib(limits[mem_name], resource=C.field_name(container, mem_name)) if mem_name in limits else 0
         )
         core = (
-            to_count(limits[core_name], resource=C.field_name(container, core_name))
+            to_count(limits[core_name], resource=C.field_name(container, core_name), unit="percent")
             if core_name in limits
             else 0
         )
@@ -221,7 +221,7 @@ class DRSVendor(C.ShareVendor):
         res = container.setdefault("resources", {})
         limits, requests = res.setdefault("limits", {}), res.setdefault("requests", {})
         if size_name in present:
-            if to_count(present[size_name], resource=C.field_name(container, size_name)) <= 0:
+            if to_count(present[size_name], resource=C.field_name(container, size_name), unit="slices") <= 0:
                 raise InvalidRequest(f"container {cname}: {size_name} must be greater than 0")
         else:
             if (
@@ -230,7 +230,9 @@ class DRSVendor(C.ShareVendor):
             ):
                 raise InvalidRequest(f"container {cname}: {mem_name} must be greater than 0")
             if core_name in present:
-                core = to_count(present[core_name], resource=C.field_name(container, core_name))
+                core = to_count(
+                    present[core_name], resource=C.field_name(container, core_name), unit="percent"
+                )
                 if not 0 < core <= 100:
                     raise InvalidRequest(f"container {cname}: {core_name} must be in range (0,100]")
         for n in names:

@@ -210,7 +210,7 @@ class MetaxSGPUVendor(C.ShareVendor):
             mem = sgpu_memory_mib(limits[n.memory], resource=C.field_name(container, n.memory))
         cores = 100
         if n.cores in limits:
-            cores = to_count(limits[n.cores], resource=C.field_name(container, n.cores))
+            cores = to_count(limits[n.cores], resource=C.field_name(container, n.cores), unit="percent")
         return ContainerRequest(self.common_word, nums, mem, 100 if mem == 0 else PERCENTAGE_UNSET, cores)
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:

@@ -91,7 +91,9 @@ class MthreadsVendor(C.ShareVendor):
                 limits[n.memory], resource=C.field_name(container, n.memory), unit_mib=UNIT_MIB, per_card=True
             )
         cores = (
-            to_count(limits[n.cores], resource=C.field_name(container, n.cores)) if n.cores in limits else 0
+            to_count(limits[n.cores], resource=C.field_name(container, n.cores), unit="sGPU cores")
+            if n.cores in limits
+            else 0
         )
         return ContainerRequest(
             self.common_word, nums, mem // nums, 100 if mem == 0 else PERCENTAGE_UNSET, cores // nums
@@ -99,10 +101,10 @@ class MthreadsVendor(C.ShareVendor):
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
         n = self._names
-        cores = C.capacity_count(node, n.cores)
+        cores = C.capacity_count(node, n.cores, unit="sGPU cores")
         if cores is None:
             return None
-        mem = C.capacity_count(node, n.memory) or 0
+        mem = C.capacity_count(node, n.memory, unit="512 MiB units") or 0
         name = objects.name(node)
         devmem = mem * UNIT_MIB * CORES_PER_CARD // cores if cores else 0
         return [
@@ -144,7 +146,9 @@ class MthreadsVendor(C.ShareVendor):
             limits[n.cores] = str(CORES_PER_CARD)
             limits[n.memory] = str(WHOLE_CARD_UNITS)
         else:
-            units = to_count(limits[n.memory], resource=C.field_name(container, n.memory))
+            units = to_count(
+                limits[n.memory], resource=C.field_name(container, n.memory), unit="512 MiB units"
+            )
             if units not in LEGAL_UNITS:
                 raise InvalidRequest(
                     "sGPU memory request value is invalid, valid values are [2, 4, 8, 16, 32, 64, 96]"

@@ -4,9 +4,11 @@ a property test that incremental usage equals the rebuild from annotations with 
 import copy
 
 import jsonpatch
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hami.errors import InvalidRequest
 from hami.vendors import build_vendors, pod_takes_node_lock
 from tests.vendor_fleet import CONFIG, EXPECTED, ONE_SHARE, container, fleet, node, pod, state
 from webhook.mutate import Mutator, WebhookSettings
@@ -226,3 +228,51 @@ def test_webhook_patches_of_vendor_mutations_and_idempotence():
         assert d.allowed and list(d.patch) == patch, (name, d.patch)
         again = mut.mutate_pod(jsonpatch.apply_patch(p, list(d.patch)))
         assert list(again.patch) == [], (name, again.patch)
+
+
+@pytest.mark.parametrize(
+    ("cw", "limits", "message"),
+    [
+        ("Metax-SGPU", {"metax-tech.com/sgpu": 1, "metax-tech.com/vcore": "-1"},
+         "resources.limits[metax-tech.com/vcore]: '-1' is negative; it must be a whole number of percent >= 0"),
+        ("Mthreads", {"mthreads.com/vgpu": 1, "mthreads.com/sgpu-core": "1.5"},
+         "resources.limits[mthreads.com/sgpu-core]: '1.5' is not a whole number of sGPU cores"),
+        ("AMD", {"amd.com/gpu": 1, "amd.com/gpucores": "1.5"},
+         "resources.limits[amd.com/gpucores]: '1.5' is not a whole number of percent"),
+        ("Enflame", {"enflame.com/drs-gcu": "1.5"},
+         "resources.limits[enflame.com/drs-gcu]: '1.5' is not a whole number of slices"),
+        ("Enflame", {"enflame.com/gcu-memory": 100, "enflame.com/gcu-core": "1.5"},
+         "resources.limits[enflame.com/gcu-core]: '1.5' is not a whole number of percent"),
+        ("MLU", {"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vcore": "-3"},
+         "resources.limits[cambricon.com/mlu.smlu.vcore]: '-3' is negative; it must be a whole number of percent >= 0"),
+        ("Ascend910B3", {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-core": "2147483648"},
+         "resources.limits[huawei.com/Ascend910B3-core]: '2147483648' is larger than 2147483647 percent"),
+        ("NVIDIA", {"nvidia.com/gpu": "1.5"}, "nvidia.com/gpu: '1.5' is not a whole number of devices"),
+    ],
+    ids=["metax-vcore", "mthreads-core", "amd-cores", "enflame-size", "enflame-core", "mlu-vcore", "ascend-core",
+         "nvidia-count"],
+)  # fmt: skip
+def test_request_errors_name_the_resource_s_own_unit(cw, limits, message):
+    with pytest.raises(InvalidRequest) as e:
+        VENDORS[cw].container_request(container("c", limits))
+    assert str(e.value) == f"container c: {message}"
+
+
+@pytest.mark.parametrize(
+    ("capacity", "reason"),
+    [
+        ({"mthreads.com/sgpu-core": "32", "mthreads.com/sgpu-memory": "1.5"},
+         "Mthreads inventory: status.capacity[mthreads.com/sgpu-memory]: '1.5' is not a whole number of 512 MiB units"),
+        ({"mthreads.com/sgpu-core": "3.5", "mthreads.com/sgpu-memory": "192"},
+         "Mthreads inventory: status.capacity[mthreads.com/sgpu-core]: '3.5' is not a whole number of sGPU cores"),
+        ({"cambricon.com/mlu.smlu.vcore": "400", "cambricon.com/mlu.smlu.vmemory": "-1"},
+         "MLU inventory: status.capacity[cambricon.com/mlu.smlu.vmemory]: '-1' is negative; it must be a whole "
+         "number of 256 MiB units >= 0"),
+        ({"aws.amazon.com/neuron": "16", "aws.amazon.com/neuroncore": "3.5"},
+         "AWSNeuron inventory: status.capacity[aws.amazon.com/neuroncore]: '3.5' is not a whole number of NeuronCores"),
+    ],
+    ids=["mthreads-memory", "mthreads-cores", "mlu-memory", "neuron-cores"],
+)  # fmt: skip
+def test_malformed_capacity_reason_names_the_unit(capacity, reason):
+    why = state().upsert_node(node("bad", capacity=capacity))
+    assert why is not None and why.endswith(reason), why
