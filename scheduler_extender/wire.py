@@ -100,7 +100,8 @@ def parse_filter_args(body: bytes) -> FilterArgs:
     names_raw, nodes_raw = args.get("nodenames"), args.get("nodes")
     node_items: dict[str, dict[str, Any]] | None = None
     if names_raw is not None:
-        if not isinstance(names_raw, list) or not all(isinstance(n, str) and n for n in names_raw):
+        # C-level checks (map/set/in): a per-name generator was ~2x the decode itself for 485 names.
+        if not isinstance(names_raw, list) or not set(map(type, names_raw)) <= {str} or "" in names_raw:
             raise InvalidRequest("ExtenderArgs.NodeNames: want an array of non-empty node names")
         names = list(dict.fromkeys(names_raw))
     elif nodes_raw is not None:
