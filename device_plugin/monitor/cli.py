@@ -95,6 +95,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
             parser.error(
                 f"--{dest.replace('_', '-')} {v[dest]:g}s: must be {'> 0' if dest == 'scan_interval' else '>= 0'}"
             )
+    # Without a readable proc file system every slot would look dead and every container would show
+    # 0 bytes used: refuse it instead of exporting wrong figures. Pid 1 exists in every pid namespace.
+    if not os.path.isfile(os.path.join(v["proc"], "1", "stat")):
+        parser.error(f"--proc {v['proc']!r}: not a proc file system (no {v['proc'].rstrip('/')}/1/stat)")
     containers_dir = v["containers_dir"]
     if not containers_dir:
         hook = env.get("HOOK_PATH")

@@ -206,8 +206,11 @@ def test_flag_beats_environment_beats_default():
         (["--node-name", "n", "--backend", "amd"], {}, "invalid choice: 'amd'"),
         (["--node-name", "n", "--port", "70000"], {}, "not a port; valid: 0..65535"),
         (["--node-name", "n", "--metrics-bind-address", "9394"], {}, "want [HOST]:PORT"),
+        (["--node-name", "n", "--proc", "/nonexistent"], {}, "--proc '/nonexistent': not a proc file system"),
+        (["--node-name", "n", "--proc", "/etc"], {}, "--proc '/etc': not a proc file system (no /etc/1/stat)"),
     ],
-    ids=["no-node-name", "scan-interval-0", "scan-interval-env", "unknown-backend", "port-out-of-range", "bind-address-no-colon"],
+    ids=["no-node-name", "scan-interval-0", "scan-interval-env", "unknown-backend", "port-out-of-range", "bind-address-no-colon",
+         "proc-missing", "proc-not-procfs"],
 )
 def test_bad_settings_exit_2_naming_the_field(capsys, argv, env, message):
     with pytest.raises(SystemExit) as e:
