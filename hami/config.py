@@ -28,7 +28,8 @@ from hami.vendors.nvidia import CORE_POLICIES, NvidiaConfig
 
 __all__ = [
     "CARD_POLICIES", "CORE_POLICIES", "NODE_POLICIES", "DeviceConfig", "HygonConfig", "NodeOverride",
-    "NvidiaConfig", "SchedulerConfig", "load_config", "load_config_file",
+    "NvidiaConfig", "SCHEDULER_SWITCHES", "SchedulerConfig", "load_config", "load_config_file",
+    "with_switches",
 ]  # fmt: skip
 
 
@@ -45,10 +46,12 @@ class SchedulerConfig:
     """`spec.schedulerName` of the pods this scheduler places and counts (HAMi `--scheduler-name`). Default `hami-scheduler`."""
     enableAscend: bool = False
     """Schedule Huawei Ascend NPUs, one vendor per `vnpus.configs` entry (HAMi `--enable-ascend`,
-    chart `devices.ascend.enabled`). Default false."""
+    chart `devices.ascend.enabled`). The extender's and the webhook's `--enable-ascend` flag
+    (`--enable-ascend=false` too) wins over this key. Default false."""
     enableIluvatar: bool = False
     """Schedule Iluvatar GPUs, one vendor per `iluvatars` entry (HAMi `--enable-iluvatar`, chart
-    `devices.iluvatar.enabled`). Default false."""
+    `devices.iluvatar.enabled`). The extender's and the webhook's `--enable-iluvatar` flag wins over
+    this key. Default false."""
 
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid key."""
@@ -186,6 +189,23 @@ def load_config(data: Mapping[str, Any] | None) -> DeviceConfig:
     for o in cfg.nodes.values():
         o.validate()
     return cfg
+
+
+#: HAMi's scheduler switches for the vendors that are off by default: flag dest (``--enable-ascend``)
+#: -> the `scheduler:` key it sets. The extender and the webhook take them as flags (and
+#: ``HAMI_EXTENDER_ENABLE_ASCEND``-style variables) over the device config (`hami.settings`).
+SCHEDULER_SWITCHES: Mapping[str, str] = {"enable_ascend": "enableAscend", "enable_iluvatar": "enableIluvatar"}
+
+
+def with_switches(config: DeviceConfig, values: Mapping[str, Any]) -> DeviceConfig:
+    """`config` with each `SCHEDULER_SWITCHES` key set from `values` (flag dest -> bool); a dest absent
+    from `values` keeps the file's value. The same object when nothing changes."""
+    changes = {
+        key: bool(values[dest])
+        for dest, key in SCHEDULER_SWITCHES.items()
+        if dest in values and bool(values[dest]) != getattr(config.scheduler, key)
+    }
+    return replace(config, scheduler=replace(config.scheduler, **changes)) if changes else config
 
 
 def load_config_file(path: str | Path | None) -> DeviceConfig:

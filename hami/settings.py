@@ -29,9 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami.booleans import parse_bool
+from hami.config import SCHEDULER_SWITCHES, DeviceConfig
 from hami.errors import InvalidRequest
 
-__all__ = ["SettingError", "argtype", "boolean", "duration", "env_names", "file_problems", "resolve"]
+__all__ = [
+    "SettingError", "add_switches", "argtype", "boolean", "duration", "env_names", "file_problems", "resolve",
+    "switches_of",
+]  # fmt: skip
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -73,6 +77,29 @@ def boolean(value: str) -> bool:
     except InvalidRequest as e:
         # parse_bool's message starts with the field; the caller names the flag and the variable.
         raise InvalidRequest(str(e).split(": ", 1)[1]) from None
+
+
+def add_switches(parser: argparse.ArgumentParser) -> None:
+    """Add HAMi's vendor switches (`hami.config.SCHEDULER_SWITCHES`: ``--enable-ascend``,
+    ``--enable-iluvatar``) to a server's parser, in HAMi's forms ``--enable-ascend`` and
+    ``--enable-ascend=true|false``.
+
+    The built-in default is false; a server's config layer supplies the device config's value
+    (`switches_of`) and applies the result with `hami.config.with_switches`, so the order is the usual
+    flag > environment (``<PREFIX>ENABLE_ASCEND``) > ``scheduler.enableAscend`` > false.
+    """
+    for dest, key in SCHEDULER_SWITCHES.items():
+        parser.add_argument(
+            "--" + dest.replace("_", "-"), dest=dest, type=argtype(boolean), nargs="?", const=True,
+            default=False, metavar="BOOL",
+            help=f"HAMi's switch for scheduler.{key} of the device config, which it overrides (default: "
+            "that key, false)",
+        )  # fmt: skip
+
+
+def switches_of(config: DeviceConfig) -> dict[str, bool]:
+    """The device config's values of the `add_switches` flags: flag dest -> bool (for a config layer)."""
+    return {dest: getattr(config.scheduler, key) for dest, key in SCHEDULER_SWITCHES.items()}
 
 
 def file_problems(files: Mapping[str, str | None]) -> list[str]:

@@ -6,7 +6,8 @@
 
 Precedence, the rule of every server (`hami.settings`): command-line flag > environment variable
 ``HAMI_EXTENDER_<FLAG_NAME>`` (e.g. ``HAMI_EXTENDER_PORT=8888``, ``HAMI_EXTENDER_LEADER_ELECT=true``) >
-device config file (only `--scheduler-name`: ``scheduler.schedulerName``) > built-in default.
+device config file (`--scheduler-name`: ``scheduler.schedulerName``; HAMi's `--enable-ascend` /
+`--enable-iluvatar`: ``scheduler.enableAscend`` / ``enableIluvatar``) > built-in default.
 Aliases read after the ``HAMI_EXTENDER_`` name: ``KUBECONFIG`` (without any kubeconfig the in-cluster
 service account is used), ``POD_NAME`` / ``POD_NAMESPACE`` (lease identity and namespace). Durations
 accept seconds (``300``) or Go-style units (``5m``, ``30s``, ``1m30s``).
@@ -27,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami import settings
-from hami.config import load_config_file
+from hami.config import SCHEDULER_SWITCHES, load_config_file, with_switches
 from hami.errors import HamiError, InvalidRequest
 from scheduler_extender.app import Server
 from scheduler_extender.events import EVENT_LEVELS
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="place only pods with this spec.schedulerName (default: config or hami-scheduler)",
     )
     p.add_argument("--config", help="device config YAML (HAMi device-config.yaml)")
+    settings.add_switches(p)
     p.add_argument("--leader-elect", type=boolean, nargs="?", const=True, default=False,
                    help="campaign for a coordination.k8s.io/v1 Lease; only the leader serves (default false)")  # fmt: skip
     p.add_argument("--leader-elect-resource-name", default="hami-scheduler-extender", help="Lease name")
@@ -142,8 +144,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         # The device config file supplies `--scheduler-name` (``scheduler.schedulerName``).
         for problem in settings.file_problems({"--config": values["config"]}):
             parser.error(problem)
-        supplied["device_config"] = load_config_file(values["config"])
-        return {"scheduler_name": supplied["device_config"].scheduler.schedulerName}
+        supplied["device_config"] = config = load_config_file(values["config"])
+        return {"scheduler_name": config.scheduler.schedulerName, **settings.switches_of(config)}
 
     values = settings.resolve(
         parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
@@ -165,7 +167,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         parser.error(f"--bind-lock-wait {values['bind_lock_wait']:g}s: want 0 (fail at once) or a positive duration")
     if bool(values["tls_cert_file"]) != bool(values["tls_private_key_file"]):
         parser.error("--tls-cert-file and --tls-private-key-file go together")
-    return ExtenderOptions(device_config=supplied["device_config"], **values)
+    device_config = with_switches(supplied["device_config"], values)
+    for dest in SCHEDULER_SWITCHES:  # carried by device_config.scheduler, where the vendors read them
+        del values[dest]
+    return ExtenderOptions(device_config=device_config, **values)
 
 
 async def serve(options: ExtenderOptions) -> None:

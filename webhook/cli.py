@@ -6,7 +6,8 @@
 
 Precedence, the rule of every server (`hami.settings`): command-line flag > environment variable
 ``HAMI_WEBHOOK_<FLAG_NAME>`` (``HAMI_WEBHOOK_PORT=8443``, ``HAMI_WEBHOOK_IN_CLUSTER=true``) > device config
-file (only `--scheduler-name`: ``scheduler.schedulerName``) > built-in default.
+file (`--scheduler-name`: ``scheduler.schedulerName``; HAMi's `--enable-ascend` / `--enable-iluvatar`:
+``scheduler.enableAscend`` / ``enableIluvatar``) > built-in default.
 Without `--kubeconfig`/`--in-cluster` the webhook needs no API access at all (so an ambient
 ``KUBECONFIG`` is not read); with it, namespace quotas and namespace labels are watched into a cache for
 the quota pre-check.
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami import settings
-from hami.config import load_config_file
+from hami.config import SCHEDULER_SWITCHES, load_config_file, with_switches
 from hami.errors import HamiError
 from webhook.app import Running, build_mutator, start
 from webhook.mutate import DEFAULT_SCHEDULER
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8443, help="listen port (default 8443; 0 = any free port)")
     p.add_argument("--scheduler-name", default=None, help="our scheduler (default: config or hami-scheduler)")
     p.add_argument("--config", default=None, help="device config YAML (HAMi device-config.yaml)")
+    settings.add_switches(p)
     p.add_argument(
         "--takeover-schedulers",
         default=DEFAULT_SCHEDULER,
@@ -79,13 +81,16 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         for problem in settings.file_problems({"--config": values["config"]}):
             parser.error(problem)
         config = loaded["device_config"] = load_config_file(values["config"])
-        return {"scheduler_name": config.scheduler.schedulerName}
+        return {"scheduler_name": config.scheduler.schedulerName, **settings.switches_of(config)}
 
     values = settings.resolve(parser, argv, env=env, prefix=ENV_PREFIX, config=config_layer)
     missing = [f"--{dest.replace('_', '-')}" for dest in _REQUIRED if not values[dest]]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
-    return WebhookOptions(device_config=loaded["device_config"], **values)
+    device_config = with_switches(loaded["device_config"], values)
+    for dest in SCHEDULER_SWITCHES:  # carried by device_config.scheduler, where the vendors read them
+        del values[dest]
+    return WebhookOptions(device_config=device_config, **values)
 
 
 async def serve(options: WebhookOptions) -> None:

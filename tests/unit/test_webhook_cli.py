@@ -23,8 +23,11 @@ def test_every_flag_reads_its_environment_variable() -> None:
         "HAMI_WEBHOOK_KUBECONFIG": "/k",
         "HAMI_WEBHOOK_IN_CLUSTER": "true",
         "HAMI_WEBHOOK_LOG_LEVEL": "DEBUG",
+        "HAMI_WEBHOOK_ENABLE_ASCEND": "true",
+        "HAMI_WEBHOOK_ENABLE_ILUVATAR": "on",
     }
     o = parse_args([], env=env)
+    assert (o.device_config.scheduler.enableAscend, o.device_config.scheduler.enableIluvatar) == (True, True)
     assert (o.tls_cert_file, o.tls_private_key_file, o.address, o.port) == (
         "/tls/tls.crt",
         "/tls/tls.key",
