@@ -77,13 +77,17 @@ int vgpu_config_parse(const char *text, size_t len, char *why, size_t wn) {
         if (memchr(ln, '\0', n)) { snprintf(why, wn, "line %d holds a NUL byte", lineno); goto bad; }
         if (n == 0 || ln[0] == '#') continue;
         if (!seen_magic) {
-            char head[32];
-            if (n >= sizeof head) { snprintf(why, wn, "line %d: expected '%s %d'", lineno, CONFIG_MAGIC, CONFIG_MAJOR); goto bad; }
-            memcpy(head, ln, n);
-            head[n] = 0;
-            int major = -1;
-            char tail;
-            if (sscanf(head, CONFIG_MAGIC " %d%c", &major, &tail) != 1) {
+            /* Exactly "vgpu-config <digits>", as the device plugin's reader (device_plugin/vgpu_config.py)
+             * takes it: no other white space or sign, and at most 9 significant digits so that the
+             * number cannot overflow (sscanf's %d read "vgpu-config 4294967297" as version 1). */
+            const size_t ml = sizeof CONFIG_MAGIC - 1;
+            int major = 0, sig = 0;
+            int shape = n > ml + 1 && !memcmp(ln, CONFIG_MAGIC " ", ml + 1);
+            for (size_t k = ml + 1; shape && k < n; k++) {
+                if (ln[k] < '0' || ln[k] > '9' || (sig && ++sig > 9)) shape = 0;
+                else if (ln[k] != '0' || sig) { if (!sig) sig = 1; major = major * 10 + (ln[k] - '0'); }
+            }
+            if (!shape) {
                 snprintf(why, wn, "line %d: expected '%s %d'", lineno, CONFIG_MAGIC, CONFIG_MAJOR);
                 goto bad;
             }

@@ -163,3 +163,60 @@ def test_libvgpu_reads_what_the_device_plugin_renders(cli):
     assert r.op(1) == ["meminfo", "0", str(48 * MIB), str(48 * MIB)]
     assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
     assert [ln for ln in r.stderr.splitlines() if "out of memory" not in ln] == []  # nothing else to say
+
+
+HEADERS = [
+    ("vgpu-config 1", True),
+    ("vgpu-config 0001", True),
+    ("vgpu-config  1", False),
+    ("vgpu-config\t1", False),
+    ("vgpu-config +1", False),
+    ("vgpu-config 1 ", False),
+    ("vgpu-config", False),
+    ("vgpu-config 2", False),
+    ("vgpu-config 4294967297", False),  # wrapped to 1 by a 32-bit read
+    ("vgpu-config 1234567890", False),
+]
+
+
+@pytest.mark.parametrize(("header", "valid"), HEADERS, ids=[h for h, _ in HEADERS])
+def test_header_is_read_alike_by_libvgpu_and_the_device_plugin(cli, header, valid):
+    from device_plugin import vgpu_config
+
+    text = f"{header}\nCUDA_DEVICE_MEMORY_LIMIT_0=64m\nCUDA_DEVICE_MEMORY_SHARED_CACHE={cli.cache}\n"
+    try:
+        vgpu_config.parse(text)
+        py = True
+    except vgpu_config.ConfigFileError:
+        py = False
+    cli.install(cli.tmp / "vgpu", text)
+    r = cli.run_clean("init", "meminfo")
+    c = "fail closed" not in r.stderr
+    assert (py, c) == (valid, valid), r.stderr
+    if valid:
+        assert r.op(1) == ["meminfo", "0", str(64 * MIB), str(64 * MIB)]
+
+
+def test_libvgpu_and_the_device_plugin_accept_the_same_files(cli):
+    """Every mutated file the plugin could have written (UTF-8 text) is accepted by both readers or
+    refused by both: the plugin's check of what it mounts says what libvgpu will do."""
+    from device_plugin import vgpu_config
+
+    base = config(cli.cache).encode()
+    compared = {True: 0, False: 0}
+    for i, data in enumerate(_mutations(base, 80, seed=7)):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        try:
+            vgpu_config.parse(text)
+            py = True
+        except vgpu_config.ConfigFileError:
+            py = False
+        cli.install(cli.tmp / f"v{i}", data)
+        cli.cache.unlink(missing_ok=True)
+        r = cli.run_clean("init")
+        assert py is ("fail closed" not in r.stderr), (data, r.stderr)
+        compared[py] += 1
+    assert compared[True] >= 5 and compared[False] >= 5, compared
