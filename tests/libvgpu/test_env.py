@@ -5,6 +5,8 @@ CUDA_DISABLE_CONTROL switch by value, and LIBCUDA_LOG_LEVEL.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .conftest import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB
@@ -43,6 +45,23 @@ def test_malformed_fails_closed_with_one_line(cli, value):
     assert len(errors) == 1
     assert f"CUDA_DEVICE_MEMORY_LIMIT='{value}' is malformed" in errors[0]
     assert "fail closed" in errors[0]
+
+
+SM_FORMS = [("50", 50), (" 50 ", 50), ("050", 50), ("50%", 50), ("0", 100), ("100", 100), ("101", 1), ("-1", 1),
+            ("1e1", 1), ("", 1), ("50m", 1), ("5 0", 1), ("50%%", 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "share"), SM_FORMS, ids=[repr(v) for v, _ in SM_FORMS])
+def test_sm_limit_forms(cli, value, share):
+    """Whole percent, optional spaces and one trailing %; 0 and 100 mean no limit; anything else
+    fails closed to 1 % with one error line."""
+    r = cli.run(
+        "init",
+        env={"CUDA_DEVICE_MEMORY_LIMIT": "1g", "CUDA_DEVICE_SM_LIMIT": value, "LIBCUDA_LOG_LEVEL": "3"},
+    )
+    assert re.findall(r"limit \d+ bytes, sm (\d+)%", r.stderr) == [str(share)], r.stderr
+    malformed = [ln for ln in r.error_lines() if "CUDA_DEVICE_SM_LIMIT=" in ln and "is malformed" in ln]
+    assert len(malformed) == (1 if share == 1 else 0), r.stderr
 
 
 def test_zero_is_not_unlimited(cli):

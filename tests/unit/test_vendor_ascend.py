@@ -41,7 +41,6 @@ def test_config_section_parses_chips_and_templates():
         )
 
 
-
 @pytest.mark.parametrize(
     ("chip", "message"),
     [
@@ -63,6 +62,7 @@ def test_config_rejects_templates_the_plugin_would_read_otherwise(chip, message)
     entry = {"commonWord": "Ascend910X", "memoryAllocatable": 65536, **chip}
     with pytest.raises(ConfigError, match=message):
         load_config({"scheduler": {"enableAscend": True}, "vnpus": {"configs": [entry]}})
+
 
 @pytest.mark.parametrize(
     ("asked", "written"),
