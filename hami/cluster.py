@@ -588,3 +588,56 @@ class ClusterState:
         binpack/spread order of `filter`); names not registered are left out."""
         with self._lock:
             return {n: self._nodes[n].current_score() for n in names if n in self._nodes}
+
+    def fitting_nodes(
+        self, pod: Mapping[str, Any], node_names: Sequence[str]
+    ) -> tuple[FilterOutcome, list[str]]:
+        """Every node among `node_names` that `pod` fits on now, in the order given; nothing is reserved.
+
+        For callers that let another scorer choose among the fitting nodes (the extender's
+        ``--filter-mode all``; the cards are then chosen by `filter` with the one node picked). The
+        outcome has `node` None and in `failed_nodes` the reason of every node that does not fit;
+        `error` / `no_devices` as in `filter` (then the list is empty). The pod's own earlier
+        reservation, if any, does not count against it. One parse of the pod, one prefilter pass,
+        one fit per remaining candidate.
+        """
+        from hami.prefilter import prefilter  # every candidate is wanted here, not the best one first
+
+        uid, ns = objects.uid(pod), objects.namespace(pod)
+        annos = objects.annotations(pod)
+        try:
+            containers = self.pod_requests(pod)
+            if not any(c.requests for c in containers):
+                return FilterOutcome(no_devices=True), []
+            wanted = {r.vendor for c in containers for r in c.requests}
+            selections: dict[str, Selection] = {v: self.vendors[v].selection(annos) for v in wanted}
+        except InvalidRequest as e:
+            return FilterOutcome(error=f"pod {ns}/{objects.meta(pod).get('name')}: {e}"), []
+        sched = self.config.scheduler
+        policy = choose_policies(
+            annos, node_default=sched.nodeSchedulerPolicy, card_default=sched.gpuSchedulerPolicy
+        )
+        out = FilterOutcome(warnings=policy.warnings, policy=policy)
+        fits: set[str] = set()
+        with self._lock:
+            own = self._drop_record(uid)
+            try:
+                needs = pod_needs(containers, selections)
+                for v in needs:
+                    if self.vendors[v].custom_fit:
+                        needs[v] = _PRESENCE_ONLY
+                quota = None
+                if self.quota.has_limits(ns):
+                    quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
+                for n in prefilter(self._nodes, node_names, needs, out.failed_nodes):
+                    fit = fit_pod(
+                        containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota
+                    )
+                    if fit.ok:
+                        fits.add(n.name)
+                    else:
+                        out.failed_nodes[n.name] = fit.reason_text()
+            finally:
+                if own is not None:
+                    self._add_record(own)
+        return out, [n for n in dict.fromkeys(node_names) if n in fits]
