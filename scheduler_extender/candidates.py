@@ -33,33 +33,13 @@ _UTILISATION_MAX = 30.0  # hami.scoring.node_score: 10 x (slots + cores + memory
 
 
 def fitting_nodes(state: ClusterState, pod: Mapping[str, Any], names: Sequence[str]) -> tuple[FilterOutcome, list[str]]:
-    """The nodes among `names` that `pod` fits on now, in the order sent, and the last outcome.
+    """The nodes among `names` that `pod` fits on now, in the order sent, and the outcome.
 
     The outcome carries `error` / `no_devices` for a pod that cannot be placed at all or asks for no
-    device, and in `failed_nodes` the reason of every node that does not fit. Each node is fitted
-    alone (`ClusterState.filter` with one candidate); the reservation each fit makes is dropped by
-    the next and released at the end, so nothing stays reserved. The caller holds the lock that
-    orders decisions against binds (`sync.Inflight.lock`), so no bind sees these passing reservations.
+    device, and in `failed_nodes` the reason of every node that does not fit. Nothing is reserved
+    (`ClusterState.fitting_nodes`: one parse, one prefilter pass, one fit per candidate).
     """
-    uid = (pod.get("metadata") or {}).get("uid", "")
-    fits: list[str] = []
-    failed: dict[str, str] = {}
-    last = FilterOutcome()
-    try:
-        for name in names:
-            last = state.filter(pod, [name])
-            if last.error or last.no_devices:
-                return last, []
-            if last.node == name:
-                fits.append(name)
-            else:
-                failed[name] = last.failed_nodes.get(name, "no fit")
-    finally:
-        if uid:
-            state.release_reservation(uid)
-    last.failed_nodes = failed
-    last.node = None
-    return last, fits
+    return state.fitting_nodes(pod, names)
 
 
 def prioritize_scores(

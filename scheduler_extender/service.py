@@ -227,8 +227,7 @@ class Extender:
             outcome, error_reason = other
         else:
             error_reason = "invalid_pod"
-            with self.inflight.lock:  # ordered with the binds' decisions: none sees the passing fits
-                outcome, fits = fitting_nodes(self.state, pod, args.names)
+            outcome, fits = fitting_nodes(self.state, pod, args.names)
         if outcome.warnings:
             self.events.emit(pod, reason=ev.POLICY_IGNORED, message="; ".join(outcome.warnings), warning=True)
         if outcome.no_devices:
