@@ -111,3 +111,41 @@ def test_our_own_flags_in_extra_args_still_pass() -> None:
     })  # fmt: skip
     [ext] = [c for _o, _s, c in containers(r) if c["name"] == "hami-scheduler-extender"]
     assert parsed(ext).filter_mode == "all"
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "complaint"),
+    [
+        # kube-scheduler refuses a managedResources name without a domain and would not start.
+        ({"resourceName": "gpu"}, "/resourceName", "'gpu' does not match pattern"),
+        (
+            {"devices": {"ascend": {"enabled": True, "customresources": ["Ascend910A"]}}},
+            "/devices/ascend/customresources/0",
+            "'Ascend910A' does not match pattern",
+        ),
+        # The API server rejects a pod whose pull secret is a bare string, after the release is half made.
+        ({"global": {"imagePullSecrets": ["regcred"]}}, "/global/imagePullSecrets/0", "want object"),
+        ({"imagePullSecrets": [{"nam": "regcred"}]}, "/imagePullSecrets/0", "missing property 'name'"),
+        # A misspelt per-node key would be ignored without a word.
+        (
+            {"devicePlugin": {"nodeconfig": [{"name": "n1", "devicesplitcnt": 3}]}},
+            "/devicePlugin/nodeconfig/0",
+            "additional properties 'devicesplitcnt' not allowed",
+        ),
+    ],
+    ids=["resource-without-domain", "customresource-without-domain", "pull-secret-string", "pull-secret-no-name",
+         "nodeconfig-typo"],
+)  # fmt: skip
+def test_more_bad_values_are_refused_naming_the_key(values: dict, where: str, complaint: str) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as e:
+        render(values)
+    assert f"at '{where}'" in str(e.value) and complaint in str(e.value), str(e.value)
+
+
+def test_hamis_per_node_keys_pass_in_any_case() -> None:
+    # HAMi's device plugin decodes its per-node JSON with Go's case-insensitive matching.
+    node = {"name": "n1", "deviceSplitCount": 3, "operatingmode": "hami-core", "filterdevices": {"uuid": []},
+            "DeviceMemoryScaling": 1.5}  # fmt: skip
+    r = render({"devicePlugin": {"nodeconfig": [node]}})
+    cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
+    assert cfg["nodeconfig"] == [node]
