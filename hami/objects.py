@@ -124,6 +124,12 @@ def _member(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else _EMPTY
 
 
+def _text(value: Any) -> str | None:
+    # The API server only sends strings here; anything else (a hand-written body, a test fake) reads
+    # as absent rather than reaching a dict key or a message as a list.
+    return value if isinstance(value, str) else None
+
+
 def meta(obj: Mapping[str, Any]) -> ObjectMeta:
     """`metadata`, or an empty mapping when absent, null or not a mapping."""
     return cast(ObjectMeta, _member(obj, "metadata"))
@@ -146,18 +152,19 @@ def quota_hard(quota: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def name(obj: Mapping[str, Any]) -> str:
-    """`metadata.name`, ``""`` when absent."""
-    return meta(obj).get("name") or ""
+    """`metadata.name`, ``""`` when absent or not a string."""
+    return _text(meta(obj).get("name")) or ""
 
 
 def namespace(obj: Mapping[str, Any], default: str = "default") -> str:
-    """`metadata.namespace`, `default` when absent (as the API server defaults it for namespaced kinds)."""
-    return meta(obj).get("namespace") or default
+    """`metadata.namespace`, `default` when absent or not a string (as the API server defaults it for
+    namespaced kinds)."""
+    return _text(meta(obj).get("namespace")) or default
 
 
 def uid(obj: Mapping[str, Any]) -> str:
-    """`metadata.uid`, ``""`` when absent."""
-    return meta(obj).get("uid") or ""
+    """`metadata.uid`, ``""`` when absent or not a string."""
+    return _text(meta(obj).get("uid")) or ""
 
 
 def annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
@@ -184,15 +191,15 @@ def ref(obj: Mapping[str, Any]) -> str:
 
 
 def phase(pod: Mapping[str, Any]) -> str | None:
-    """`status.phase` of a pod, None when not reported yet."""
-    return status(pod).get("phase")
+    """`status.phase` of a pod, None when not reported yet (or not a string)."""
+    return _text(status(pod).get("phase"))
 
 
 def scheduler_name(pod: Mapping[str, Any]) -> str | None:
-    """`spec.schedulerName` of a pod, None when absent."""
-    return spec(pod).get("schedulerName")
+    """`spec.schedulerName` of a pod, None when absent (or not a string)."""
+    return _text(spec(pod).get("schedulerName"))
 
 
 def node_name(pod: Mapping[str, Any]) -> str | None:
-    """`spec.nodeName` of a pod (set by the binding), None when not bound."""
-    return spec(pod).get("nodeName")
+    """`spec.nodeName` of a pod (set by the binding), None when not bound (or not a string)."""
+    return _text(spec(pod).get("nodeName"))
