@@ -78,7 +78,7 @@ class NvidiaConfig:
     gpuCorePolicy: str = "default"
     """libvgpu core limiter policy `default`, `force` or `disable` (env `GPU_CORE_UTILIZATION_POLICY`). Default `default` (HAMi)."""
     libCudaLogLevel: int = 1
-    """libvgpu log level (env `LIBCUDA_LOG_LEVEL`): 0 errors ... 4 debug. Default 1 (HAMi)."""
+    """libvgpu log level (env `LIBCUDA_LOG_LEVEL`): 0 silent, 1 errors, 2 + warnings, 3 + info, 4 + debug. Default 1 (HAMi)."""
     runtimeClassName: str = ""
     """RuntimeClass the webhook sets on NVIDIA pods without one; "" = leave unset. Default "" (HAMi)."""
     disableCoreLimit: bool = False
@@ -102,6 +102,18 @@ class NvidiaConfig:
         require(0 <= self.defaultCores <= 100, "nvidia.defaultCores", self.defaultCores, "percent 0..100")
         require(self.defaultGPUNum >= 0, "nvidia.defaultGPUNum", self.defaultGPUNum, "an integer >= 0")
         require(self.memoryFactor >= 1, "nvidia.memoryFactor", self.memoryFactor, "an integer >= 1")
+        require(
+            self.preConfiguredDeviceMemory >= 0,
+            "nvidia.preConfiguredDeviceMemory",
+            self.preConfiguredDeviceMemory,
+            "MiB >= 0 (0 = the memory NVML reports)",
+        )
+        require(
+            0 <= self.libCudaLogLevel <= 4,
+            "nvidia.libCudaLogLevel",
+            self.libCudaLogLevel,
+            "0 (silent), 1 (errors), 2 (+ warnings), 3 (+ info) or 4 (+ debug)",
+        )
         require(
             self.gpuCorePolicy in CORE_POLICIES,
             "nvidia.gpuCorePolicy",

@@ -36,6 +36,27 @@ def test_config_errors_name_the_key(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"preConfiguredDeviceMemory": -1},
+         r"^nvidia\.preConfiguredDeviceMemory: -1 is invalid; valid: MiB >= 0 \(0 = the memory NVML reports\)$"),
+        ({"libCudaLogLevel": 9}, r"^nvidia\.libCudaLogLevel: 9 is invalid; valid: 0 \(silent\), 1 \(errors\), "),
+        ({"libCudaLogLevel": "-3"}, r"^nvidia\.libCudaLogLevel: -3 is invalid; valid: 0 \(silent\)"),
+    ],
+    ids=["negative-preconfigured-memory", "log-level-9", "log-level-negative-quoted"],
+)  # fmt: skip
+def test_nvidia_values_the_device_plugin_and_libvgpu_would_misread(section, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config({"nvidia": section})
+    assert (
+        load_config(
+            {"nvidia": {"libCudaLogLevel": "4", "preConfiguredDeviceMemory": 0}}
+        ).nvidia.libCudaLogLevel
+        == 4
+    )
+
+
 def test_config_per_node_overrides(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(
