@@ -149,3 +149,24 @@ def test_hamis_per_node_keys_pass_in_any_case() -> None:
     r = render({"devicePlugin": {"nodeconfig": [node]}})
     cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
     assert cfg["nodeconfig"] == [node]
+
+
+def test_hamis_node_ports_and_service_annotations_survive_the_migration() -> None:
+    # HAMi's values: NodePort Services on 31993 (scheduler) and 31992 (monitor), scraped on the nodes there.
+    values = migrated(HAMI_VALUES)
+    values["devicePlugin"]["service"]["annotations"] = {"prometheus.io/scrape": "true"}
+    r = render(values)
+    sched, mon = r.one("Service", "hami-scheduler"), r.one("Service", "hami-device-plugin-monitor")
+    assert (sched["spec"]["type"], sched["spec"]["ports"][0]["nodePort"]) == ("NodePort", 31993)
+    assert (mon["spec"]["type"], mon["spec"]["ports"][0]["nodePort"]) == ("NodePort", 31992)
+    assert mon["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    for o in (sched, mon):
+        validate(o, "v1.30.0")
+
+
+@pytest.mark.parametrize("service_type", ["ClusterIP", "NodePort"])
+def test_a_port_outside_the_node_port_range_gets_no_fixed_node_port(service_type: str) -> None:
+    r = render({"scheduler": {"service": {"type": service_type}}, "devicePlugin": {"service": {"type": service_type}}})
+    for name in ("hami-scheduler", "hami-device-plugin-monitor"):
+        svc = r.one("Service", name)
+        assert svc["spec"]["type"] == service_type and "nodePort" not in svc["spec"]["ports"][0], svc

@@ -162,3 +162,14 @@ affinity:
 {{- range . }}{{ $q = append $q (printf "'%s'" .) }}{{ end -}}
 {{- join ", " $q -}}
 {{- end -}}
+
+{{/* nodePort of a metrics Service port: (dict "type" .service.type "port" N). HAMi's chart serves these
+     Services as NodePort on the port number itself (31993, 31992) and Prometheus setups scrape the nodes
+     there, so a NodePort Service whose port lies in the node-port range keeps it as its nodePort; any
+     other port is left to the API server to choose. */}}
+{{- define "hami.nodePort" -}}
+{{- $port := int .port -}}
+{{- if and (eq .type "NodePort") (ge $port 30000) (le $port 32767) -}}
+nodePort: {{ $port }}
+{{- end -}}
+{{- end -}}
