@@ -170,3 +170,11 @@ def test_a_port_outside_the_node_port_range_gets_no_fixed_node_port(service_type
     for name in ("hami-scheduler", "hami-device-plugin-monitor"):
         svc = r.one("Service", name)
         assert svc["spec"]["type"] == service_type and "nodePort" not in svc["spec"]["ports"][0], svc
+
+
+@pytest.mark.parametrize("legacy", [True, False])
+def test_hamis_legacy_metrics_key_reaches_the_monitor(legacy: bool) -> None:
+    values = migrated(HAMI_VALUES)
+    values["legacyMetrics"] = legacy
+    [mon] = [c for _o, _s, c in containers(render(values)) if c["name"] == "hami-vgpu-monitor"]
+    assert parsed(mon).legacy_metrics is legacy
