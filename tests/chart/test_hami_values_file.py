@@ -178,3 +178,17 @@ def test_hamis_legacy_metrics_key_reaches_the_monitor(legacy: bool) -> None:
     values["legacyMetrics"] = legacy
     [mon] = [c for _o, _s, c in containers(render(values)) if c["name"] == "hami-vgpu-monitor"]
     assert parsed(mon).legacy_metrics is legacy
+
+
+@pytest.mark.parametrize(
+    ("force", "takeover", "want"),
+    [(True, None, "default-scheduler"), (False, None, ""), (False, "default-scheduler,volcano", "volcano")],
+    ids=["hami-default", "force-off", "force-off-keeps-others"],
+)
+def test_hamis_force_overwrite_default_scheduler_reaches_the_webhook(force: bool, takeover, want: str) -> None:
+    values = migrated(HAMI_VALUES)
+    values["scheduler"]["forceOverwriteDefaultScheduler"] = force
+    if takeover:
+        values["scheduler"]["admissionWebhook"]["takeoverSchedulers"] = takeover
+    [hook] = [c for _o, _s, c in containers(render(values)) if c["name"] == "hami-webhook"]
+    assert parsed(hook).takeover_schedulers == want
