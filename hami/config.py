@@ -78,6 +78,14 @@ class NodeOverride:
     """Memory scaling on this node (HAMi `devicememoryscaling`); unset or 0 = `nvidia.deviceMemoryScaling`."""
     deviceCoreScaling: float | None = None
     """Core scaling on this node (HAMi `devicecorescaling`); unset or 0 = `nvidia.deviceCoreScaling`."""
+    preConfiguredDeviceMemory: int | None = None
+    """MiB per card when NVML cannot report it, on this node (HAMi `preconfigureddevicememory`); unset or 0
+    = `nvidia.preConfiguredDeviceMemory`."""
+    libCudaLogLevel: int | None = None
+    """libvgpu log level on this node, 0..4 (HAMi `libcudaloglevel`, often quoted); unset or 0 =
+    `nvidia.libCudaLogLevel`."""
+    enableNumaTopology: bool | None = None
+    """NUMA topology on this node (HAMi `enablenumatopology`); unset or false = `nvidia.enableNumaTopology`."""
 
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid key."""
@@ -95,6 +103,15 @@ class NodeOverride:
         ):
             if val is not None:
                 require(val > 0, f"{where}.{key}", val, "a number > 0")
+        if self.preConfiguredDeviceMemory is not None:
+            require(
+                self.preConfiguredDeviceMemory >= 0,
+                f"{where}.preconfigureddevicememory",
+                self.preConfiguredDeviceMemory,
+                "MiB >= 0",
+            )
+        if self.libCudaLogLevel is not None:
+            require(0 <= self.libCudaLogLevel <= 4, f"{where}.libcudaloglevel", self.libCudaLogLevel, "0..4")
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,20 @@ class DeviceConfig:
         return replace(self.nvidia, **changes)
 
 
+#: HAMi's per-node keys that override `nvidia:` values (lower case, as HAMi's JSON spells them).
+_NODE_KEYS: dict[str, tuple[str, type]] = {
+    "devicesplitcount": ("deviceSplitCount", int),
+    "devicememoryscaling": ("deviceMemoryScaling", float),
+    "devicecorescaling": ("deviceCoreScaling", float),
+    "preconfigureddevicememory": ("preConfiguredDeviceMemory", int),
+    "libcudaloglevel": ("libCudaLogLevel", int),
+    "enablenumatopology": ("enableNumaTopology", bool),
+}
+#: HAMi's other per-node keys: accepted so HAMi's file loads, not used (this device plugin has no MIG or
+#: MPS mode, no device filter and always answers GetPreferredAllocation).
+_NODE_KEYS_NOT_USED = ("operatingmode", "migstrategy", "filterdevices", "enablegetpreferredallocation")
+
+
 def _node_overrides(raw: Any) -> dict[str, NodeOverride]:
     if raw is None:
         return {}
@@ -140,24 +171,22 @@ def _node_overrides(raw: Any) -> dict[str, NodeOverride]:
             "nodeconfig: must be a list of {name, devicesplitcount, devicememoryscaling, devicecorescaling}"
         )
     out = {}
-    keys = {"devicesplitcount": "deviceSplitCount", "devicememoryscaling": "deviceMemoryScaling",
-            "devicecorescaling": "deviceCoreScaling"}  # fmt: skip
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
             raise ConfigError(f"nodeconfig[{i}]: must be a mapping with a string 'name'")
         kw: dict[str, Any] = {}
         for k, v in entry.items():
-            lk = k.lower()
-            if lk == "name":
+            lk = str(k).lower()
+            if lk == "name" or lk in _NODE_KEYS_NOT_USED:
                 continue
-            if lk not in keys:
-                # The rest of HAMi's per-node DP config (operatingmode, filterdevices, ...) is the plugin's.
+            if lk not in _NODE_KEYS:
+                valid = ", ".join(["name", *_NODE_KEYS, *_NODE_KEYS_NOT_USED])
+                raise ConfigError(f"nodeconfig[{i}].{k}: unknown key; valid keys: {valid}")
+            # HAMi: zero fields mean "not overridden" (a quoted "0" too, as for libcudaloglevel).
+            if v in (0, None, False, "0", ""):
                 continue
-            # HAMi: zero fields mean "not overridden".
-            if v in (0, None):
-                continue
-            typ = int if lk == "devicesplitcount" else float
-            kw[keys[lk]] = coerce(f"nodeconfig[{i}]", k, v, typ)
+            field_name, typ = _NODE_KEYS[lk]
+            kw[field_name] = coerce(f"nodeconfig[{i}]", k, v, typ)
         out[entry["name"]] = NodeOverride(name=entry["name"], **kw)
     return out
 

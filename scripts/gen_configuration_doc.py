@@ -106,8 +106,10 @@ def render() -> str:
     lines += section("nodeconfig", NodeOverride)
     lines.append(
         "`nodeconfig` is a list of such entries (HAMi's per-node device-plugin JSON); keys are matched "
-        "case-insensitively and HAMi's other per-node keys (`operatingmode`, `filterdevices`, ...) are "
-        "left to the device plugin."
+        "case-insensitively, a zero, false or empty value means not overridden, and an unknown key is an "
+        "error. HAMi's other per-node keys (`operatingmode`, `migstrategy`, `filterdevices`, "
+        "`enablegetpreferredallocation`) are accepted and not used: this device plugin has no MIG or MPS "
+        "mode and no device filter."
     )
     return "\n".join(lines).rstrip() + "\n"
 

@@ -57,6 +57,34 @@ def test_nvidia_values_the_device_plugin_and_libvgpu_would_misread(section, mess
     )
 
 
+def test_hamis_whole_per_node_entry_loads_and_its_nvidia_keys_apply():
+    entry = {"name": "n1", "operatingmode": "hami-core", "devicesplitcount": 4, "devicememoryscaling": 1,
+             "devicecorescaling": 1, "preconfigureddevicememory": 8000, "libcudaloglevel": "3",
+             "enablenumatopology": True, "migstrategy": "none", "filterdevices": {"uuid": [], "index": []},
+             "enablegetpreferredallocation": False}  # fmt: skip
+    n = load_config({"nodeconfig": [entry]}).nvidia_for_node("n1")
+    assert (n.deviceSplitCount, n.preConfiguredDeviceMemory, n.libCudaLogLevel, n.enableNumaTopology) == (
+        4, 8000, 3, True)  # fmt: skip
+    # zero values (a quoted "0" too) mean "not overridden"
+    zero = load_config({"nodeconfig": [{"name": "n1", "libcudaloglevel": "0", "devicesplitcount": 0}]})
+    assert zero.nvidia_for_node("n1") == zero.nvidia
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"devicesplitcont": 2}, r"^nodeconfig\[0\]\.devicesplitcont: unknown key; valid keys: name, devicesplitcount, "),
+        ({"libcudaloglevel": "9"}, r"^nodeconfig\[n1\]\.libcudaloglevel: 9 is invalid; valid: 0\.\.4$"),
+        ({"preconfigureddevicememory": -5}, r"^nodeconfig\[n1\]\.preconfigureddevicememory: -5 is invalid; valid: MiB >= 0$"),
+        ({"enablenumatopology": "yes"}, r"^nodeconfig\[0\]\.enablenumatopology: 'yes' must be true or false$"),
+    ],
+    ids=["typo", "log-level", "negative-memory", "numa-not-bool"],
+)  # fmt: skip
+def test_per_node_errors_name_the_entry_and_key(entry, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config({"nodeconfig": [{"name": "n1", **entry}]})
+
+
 def test_config_per_node_overrides(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text(
