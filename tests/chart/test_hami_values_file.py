@@ -192,3 +192,22 @@ def test_hamis_force_overwrite_default_scheduler_reaches_the_webhook(force: bool
         values["scheduler"]["admissionWebhook"]["takeoverSchedulers"] = takeover
     [hook] = [c for _o, _s, c in containers(render(values)) if c["name"] == "hami-webhook"]
     assert parsed(hook).takeover_schedulers == want
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"scheduler": {"nodeLabelSelector": {"gpu-pool": "a"}}}, "scheduler.nodeLabelSelector"),
+        ({"global": {"managedNodeSelectorEnable": True, "managedNodeSelector": {"usage": "gpu"}}},
+         "global.managedNodeSelectorEnable"),
+    ],
+    ids=["nodeLabelSelector", "managedNodeSelector"],
+)  # fmt: skip
+def test_hami_placement_knobs_we_lack_are_refused(values: dict, key: str) -> None:
+    # Ignored, they would let GPU pods land on nodes the operator excluded.
+    with pytest.raises(helm_python.HelmRenderError, match=re.escape(key) + " .*not supported"):
+        render(values)
+
+
+def test_hamis_defaults_for_those_knobs_render() -> None:
+    render({"scheduler": {"nodeLabelSelector": {}}, "global": {"managedNodeSelectorEnable": False}})
