@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# Every scheduler replica (scheduler.replicas > 1) exports the same allocation and quota gauges from its
+# own cache, and each is scraped: those are combined with max over the replicas (the per-card ones by
+# node and card; per pod or quota, max by all of the family's own labels first), never summed.
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 
@@ -128,11 +131,11 @@ def cluster() -> dict:
                 "Memory allocated vs card size, per card",
                 [
                     (
-                        f"sum by (node, device_uuid) (hami_gpu_memory_allocated_bytes{{{NODE}}})",
+                        f"max by (node, device_uuid) (hami_gpu_memory_allocated_bytes{{{NODE}}})",
                         "{{node}} {{device_uuid}} allocated",
                     ),
                     (
-                        f"sum by (node, device_uuid) (hami_gpu_memory_limit_bytes{{{NODE}}})",
+                        f"max by (node, device_uuid) (hami_gpu_memory_limit_bytes{{{NODE}}})",
                         "{{node}} {{device_uuid}} size",
                     ),
                 ],
@@ -144,7 +147,7 @@ def cluster() -> dict:
                 "Memory allocated vs used, per card",
                 [
                     (
-                        f"sum by (node, device_uuid) (hami_gpu_memory_allocated_bytes{{{NODE}}})",
+                        f"max by (node, device_uuid) (hami_gpu_memory_allocated_bytes{{{NODE}}})",
                         "{{node}} {{device_uuid}} allocated",
                     ),
                     (
@@ -174,7 +177,7 @@ def cluster() -> dict:
                 "Compute allocated per card",
                 [
                     (
-                        f"sum by (node, device_uuid) (hami_gpu_core_allocated_ratio{{{NODE}}})",
+                        f"max by (node, device_uuid) (hami_gpu_core_allocated_ratio{{{NODE}}})",
                         "{{node}} {{device_uuid}} allocated",
                     ),
                     (
@@ -191,7 +194,7 @@ def cluster() -> dict:
                 "Containers per card",
                 [
                     (
-                        f"sum by (node, device_uuid) (hami_gpu_shared_count{{{NODE}}})",
+                        f"max by (node, device_uuid) (hami_gpu_shared_count{{{NODE}}})",
                         "{{node}} {{device_uuid}}",
                     )
                 ],
@@ -214,11 +217,11 @@ def cluster() -> dict:
                 "Namespace quota: used vs limit",
                 [
                     (
-                        "sum by (namespace, quota_name) (hami_resource_quota_used)",
+                        "sum by (namespace, quota_name) (max by (namespace, quota_name, limit) (hami_resource_quota_used))",
                         "{{namespace}} {{quota_name}} used",
                     ),
                     (
-                        "sum by (namespace, quota_name) (hami_resource_quota_limit)",
+                        "sum by (namespace, quota_name) (max by (namespace, quota_name) (hami_resource_quota_limit))",
                         "{{namespace}} {{quota_name}} limit",
                     ),
                 ],
@@ -228,8 +231,8 @@ def cluster() -> dict:
                 "Namespaces above 90 % of a quota",
                 [
                     (
-                        "sum by (namespace, quota_name) (hami_resource_quota_used) "
-                        "/ on (namespace, quota_name) sum by (namespace, quota_name) (hami_resource_quota_limit) > 0.9",
+                        "sum by (namespace, quota_name) (max by (namespace, quota_name, limit) (hami_resource_quota_used)) "
+                        "/ on (namespace, quota_name) sum by (namespace, quota_name) (max by (namespace, quota_name) (hami_resource_quota_limit)) > 0.9",
                         "{{namespace}} {{quota_name}}",
                     )
                 ],
@@ -333,7 +336,7 @@ def containers() -> dict:
                 "Allocated (scheduler) vs used (node), per pod",
                 [
                     (
-                        f"sum by (namespace, pod) (hami_vgpu_memory_allocated_bytes{{{SEL}}})",
+                        f"sum by (namespace, pod) (max by (namespace, node, pod, container_index, device_uuid) (hami_vgpu_memory_allocated_bytes{{{SEL}}}))",
                         "{{namespace}}/{{pod}} allocated",
                     ),
                     (

@@ -247,3 +247,37 @@ def test_extender_allocation_and_quota_families_are_registered(registered):
                                                               "device_uuid", "zone"}  # fmt: skip
     assert registered["hami_resource_quota_used"] == {"namespace", "quota_name", "limit", "zone"}
     assert registered["hami_resource_quota_limit"] == {"namespace", "quota_name", "zone"}
+
+
+def _replicated_gauges() -> set[str]:
+    """The extender's gauges that every scheduler replica exports from its own cache."""
+    reg = ExtenderMetrics(_FakeState()).registry
+    return {
+        fam.name for fam in reg.collect()
+        if fam.type == "gauge" and not fam.name.startswith("hami_scheduler_") and fam.name != "hami_build_info"
+    }  # fmt: skip
+
+
+def _all_queries() -> list[tuple[str, str]]:
+    out = [(f"{name} {where}", expr) for name, board in _dashboards() for where, expr, _ in _queries(board)]
+    text = (REPO / "docs" / "monitoring.md").read_text()
+    out += [("docs/monitoring.md", b) for b in re.findall(r"```promql\n(.*?)```", text, flags=re.S)]
+    return out
+
+
+def test_replicated_extender_gauges_are_combined_with_max_never_summed():
+    # With scheduler.replicas > 1 each replica is scraped and reports the same allocation: a sum (or a
+    # bare series) would count a card or a pod once per replica.
+    gauges = _replicated_gauges()
+    assert {"hami_gpu_memory_allocated_bytes", "hami_vgpu_memory_allocated_bytes", "hami_resource_quota_used"} <= gauges
+    seen = 0
+    for where, expr in _all_queries():
+        if expr.startswith("label_values("):
+            continue
+        for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
+            if m.group() not in gauges:
+                continue
+            seen += 1
+            before = expr[: m.start()].rstrip()
+            assert re.search(r"max(\s+by\s*\([^()]*\))?\s*\($", before), f"{where}: {m.group()} not under max in {expr!r}"
+    assert seen >= 10
