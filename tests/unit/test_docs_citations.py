@@ -19,6 +19,8 @@ PAGES = [
     "docs/libvgpu.md",
     "docs/server-options.md",
     "docs/webhook.md",
+    "docs/install.md",
+    "docs/monitoring.md",
 ]
 
 #: (what, pattern). Bug-log ids are one capital letter and two digits (``D04``, ``L05``); the
