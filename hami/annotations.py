@@ -93,20 +93,27 @@ def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDev
         if FIELD_SEP not in frag:
             continue
         parts = frag.split(FIELD_SEP)
-        where = f"container entry {entry}, device {n}"
         if len(parts) < 4:
             raise AnnotationError(
-                f"{where}: {frag!r} has {len(parts)} fields, want uuid,type,usedmem,usedcores"
+                f"container entry {entry}, device {n}: {frag!r} has {len(parts)} fields, want "
+                "uuid,type,usedmem,usedcores"
             )
         uuid = parts[0].strip()
         if not uuid and not parts[1].strip() and all(p.strip() in ("", "0") for p in parts[2:]):
             continue  # HAMi's empty-device form of an empty container entry
-        if not uuid:
-            raise AnnotationError(f"{where}: empty uuid")
-        mem = _int_field(parts[2], what=f"{where} usedmem")
-        cores = _int_field(parts[3], what=f"{where} usedcores")
-        if mem < 0 or cores < 0:
-            raise AnnotationError(f"{where}: usedmem and usedcores must be >= 0, got {mem} and {cores}")
+        try:
+            # The common case in one step: a relist decodes every live pod's list (70,000 at 10,000 nodes).
+            mem, cores = int(parts[2]), int(parts[3])
+        except ValueError:
+            mem = cores = -1
+        if not uuid or mem < 0 or cores < 0:
+            where = f"container entry {entry}, device {n}"
+            if not uuid:
+                raise AnnotationError(f"{where}: empty uuid")
+            mem = _int_field(parts[2], what=f"{where} usedmem")
+            cores = _int_field(parts[3], what=f"{where} usedcores")
+            if mem < 0 or cores < 0:
+                raise AnnotationError(f"{where}: usedmem and usedcores must be >= 0, got {mem} and {cores}")
         out.append(ContainerDevice(uuid=uuid, type=parts[1].strip(), usedmem=mem, usedcores=cores))
     return out
 

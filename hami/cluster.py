@@ -14,11 +14,14 @@ filters can never take the same capacity; the lock is never held across I/O (cal
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import logging
+import operator
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +32,7 @@ from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import NodeView, fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.pods import ContainerSpec, collapse_grants
-from hami.prefilter import CardSummary, Need, pod_needs, prefilter
+from hami.prefilter import CardSummary, Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies, node_score
 from hami.vendors import build_vendors
@@ -39,6 +42,27 @@ from hami.vendors.base import AllocationContext, Vendor
 _PRESENCE_ONLY = (Need(0, 0, 0, 0, ()),)
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Automatic garbage collection off for a short section that allocates per node.
+
+    Why: a rebuild allocates millions of objects and a filter some per candidate node, and every
+    allocation counts towards CPython's next collection, whose older generations walk every object
+    the process holds (at 10,000 nodes a full collection took 1-4 s on the dev machine, see
+    docs/benchmarks.md). Work per call that grows with the node count thus also set off collections
+    whose cost grows with it. Paused, the section's garbage (freed by reference counting anyway) is
+    seen by one young collection afterwards. The switch is process-wide, so it is only restored when
+    this section turned it off; the extender's GcFreezer keeps the older generations small besides.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 # Kept importable from here for callers written before `hami.pods` held the pod-level rules.
 TERMINAL_PHASES = pods.TERMINAL_PHASES
@@ -97,8 +121,11 @@ class _Node:
     summaries: dict[str, CardSummary] = field(default_factory=dict)  # per vendor, cleared on any change
     source: tuple[str | None, ...] | None = None  # the annotations the devices were parsed from
     problem: str | None = None  # what the registration itself says is wrong (None = fine)
+    index: VerdictIndex | None = None  # told of every change, so the filter re-judges only changed nodes
 
     def touch(self) -> None:
+        if self.index is not None:
+            self.index.changed(self.name)
         self.score = None
         self.summaries.clear()
 
@@ -127,6 +154,82 @@ class _Node:
                     sums[5] += u.usedmem
             self.score = node_score(*sums)
         return self.score
+
+
+class _PolicyOrder:
+    """Candidate nodes in node-policy order: ascending (key, name), where key is -score (binpack) or
+    score (spread), or the given keys of other policies.
+
+    Only the best fitting node is needed, and the first candidate nearly always fits (the prefilter
+    already refused the rest). So the first node comes from one scan over the cached scores, which
+    allocates no object per node (floats are not tracked by the garbage collector, tuples are); only
+    when it does not fit do the others go into a heap, giving them in O(k log n) for the k tried.
+    Building that heap of (key, name, node) tuples up front for 10,000 candidates cost more than the
+    rest of a filter, and its tuples set off garbage collections.
+    """
+
+    __slots__ = ("_nodes", "_keys", "_sign", "_heap", "_taken")
+
+    def __init__(self, nodes: list[_Node], keys: list[Any], sign: float = 1.0) -> None:
+        # keys[i] is nodes[i]'s score when `sign` is +-1 (order by sign * score), else its own key
+        self._nodes, self._keys, self._sign = nodes, keys, sign
+        self._heap: list[tuple[Any, str, _Node]] | None = None
+        self._taken = -1  # index of the node given by the scan
+
+    @classmethod
+    def by_score(cls, candidates: list[_Node], sign: float) -> _PolicyOrder:
+        scores = list(map(_SCORE, candidates))  # C-level: cached scores, None where stale
+        if None in scores:
+            scores = [n.current_score() if x is None else x for n, x in zip(candidates, scores, strict=True)]
+        return cls(candidates, scores, sign)
+
+    @classmethod
+    def from_entries(cls, entries: list[tuple[Any, str, _Node]]) -> _PolicyOrder:
+        order = cls([], [])
+        heapq.heapify(entries)
+        order._heap = entries
+        return order
+
+    def __bool__(self) -> bool:
+        if self._heap is not None:
+            return bool(self._heap)
+        return len(self._nodes) > (self._taken >= 0)
+
+    def pop(self) -> _Node:
+        if self._heap is None and self._taken < 0:
+            keys, nodes = self._keys, self._nodes
+            best = max(keys) if self._sign < 0 else min(keys)
+            if keys.count(best) == 1:
+                self._taken = keys.index(best)
+            else:
+                self._taken = min((i for i, k in enumerate(keys) if k == best), key=lambda i: nodes[i].name)
+            return nodes[self._taken]
+        return heapq.heappop(self._rest())[2]
+
+    def _rest(self) -> list[tuple[Any, str, _Node]]:
+        if self._heap is None:
+            t, sign = self._taken, self._sign
+            self._heap = [(sign * k, n.name, n) for i, (k, n) in enumerate(zip(self._keys, self._nodes, strict=True))
+                          if i != t]  # fmt: skip
+            heapq.heapify(self._heap)
+        return self._heap
+
+    def names(self) -> list[str]:
+        """Names of the nodes not given yet."""
+        if self._heap is not None:
+            return [name for _, name, _ in self._heap]
+        names = list(map(_NAME, self._nodes))
+        if self._taken >= 0:
+            del names[self._taken]
+        return names
+
+    def entries(self) -> list[tuple[Any, str, _Node]]:
+        """The nodes not given yet as (key, name, node)."""
+        return list(self._rest())
+
+
+_SCORE = operator.attrgetter("score")
+_NAME = operator.attrgetter("name")
 
 
 @dataclass(slots=True)
@@ -170,6 +273,8 @@ class ClusterState:
         # entries are part of what a node's devices were parsed from.
         self._capacity_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys))
         self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
+        # Every node's prefilter verdict per demand; the nodes tell it when they change (`_Node.touch`).
+        self._verdicts = VerdictIndex()
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}
 
@@ -195,7 +300,9 @@ class ClusterState:
         with self._lock:
             n = self._nodes.get(name)
             if n is not None and n.source == source:
-                n.unusable = n.problem
+                if n.unusable != n.problem:
+                    n.unusable = n.problem
+                    self._verdicts.changed(name)
                 return n.problem
         devices: dict[str, list[Device]] = {}
         unusable = None
@@ -220,7 +327,7 @@ class ClusterState:
         with self._lock:
             n = self._nodes.get(name)
             if n is None:
-                n = self._nodes[name] = _Node(name)
+                n = self._nodes[name] = _Node(name, index=self._verdicts)
             n.devices = devices
             n.by_uuid = {d.uuid: d for ds in devices.values() for d in ds}
             n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
@@ -232,13 +339,15 @@ class ClusterState:
         """Forget a node; its pods stay recorded and count again if the node comes back."""
         with self._lock:
             self._nodes.pop(name, None)
+            self._verdicts.changed(name)
 
     def mark_node_unusable(self, name: str, reason: str | None) -> None:
         """Set (or clear with None) a reason that keeps new pods off a node, e.g. a failed handshake."""
         with self._lock:
             n = self._nodes.get(name)
-            if n is not None:
+            if n is not None and n.unusable != reason:
                 n.unusable = reason
+                self._verdicts.changed(name)
 
     def _recount_node(self, n: _Node) -> None:
         n.usage = {}
@@ -270,7 +379,7 @@ class ClusterState:
         n = self._nodes.get(p.node)
         if n is None:
             n = self._nodes[p.node] = _Node(
-                p.node, unusable="node unregistered: no device registration annotation"
+                p.node, unusable="node unregistered: no device registration annotation", index=self._verdicts
             )
         n.pods.add(p.uid)
         self._apply(n, p.grants, +1)
@@ -445,25 +554,22 @@ class ClusterState:
             annos, node_default=sched.nodeSchedulerPolicy, card_default=sched.gpuSchedulerPolicy
         )
         out = FilterOutcome(warnings=policy.warnings, policy=policy)
-        with self._lock:
+        with self._lock, _gc_paused():
             self._drop_record(uid)
             failed = out.failed_nodes
             needs = pod_needs(containers, selections)
             for v in needs:
                 if self.vendors[v].custom_fit:
                     needs[v] = _PRESENCE_ONLY  # the vendor's own fit decides; the node must have its cards
-            candidates = prefilter(self._nodes, node_names, needs, failed)
+            candidates = self._verdicts.candidates(self._nodes, node_names, needs, failed)
             sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
-            # Only the best fitting node is needed: a heap gives candidates in policy order in
-            # O(n + k log n) for the k nodes tried, instead of sorting them all.
-            heap = [(sign * n.current_score(), n.name, n) for n in candidates]
-            heapq.heapify(heap)
+            order = _PolicyOrder.by_score(candidates, sign)
             quota = None
             if self.quota.has_limits(ns):
                 quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
             chosen = None
-            while heap:
-                n = heapq.heappop(heap)[2]
+            while order:
+                n = order.pop()
                 fit = fit_pod(
                     containers,
                     n.view(),
@@ -476,8 +582,7 @@ class ClusterState:
                     chosen = n
                     if explain:
                         why = f"node {n.name} preferred by node policy {policy.node.value}"
-                        for _, other, _ in heap:
-                            failed[other] = why
+                        failed.update(dict.fromkeys(order.names(), why))
                     break
                 failed[n.name] = fit.reason_text()
             if chosen is None:
@@ -485,7 +590,8 @@ class ClusterState:
             scorers = [self.vendors[v] for v in wanted if self.vendors[v].scores_nodes]
             if scorers:
                 chosen, fit = self._best_by_vendor_scores(
-                    chosen, fit, heap, containers, selections, policy, quota, scorers, failed if explain else None
+                    chosen, fit, order.entries(), containers, selections, policy, quota, scorers,
+                    failed if explain else None,
                 )
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
             self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time()))
@@ -518,10 +624,11 @@ class ClusterState:
         term must not free capacity whose patch is still in flight); at startup and failover the API
         server alone is the truth, so the default drops them.
         """
-        with self._lock:
+        with self._lock, _gc_paused():
             pending = [p for p in self._pods.values() if p.reserved] if keep_reservations else []
             self._nodes.clear()
             self._pods.clear()
+            self._verdicts.reset()
             self.quota = QuotaState(self.vendors)
             for q in quotas:
                 self.quota.upsert_quota(q)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import filterfalse, repeat
 from typing import NamedTuple, Protocol, TypeVar
 
 from hami.fit import NodeFit, Reason, core_reason
@@ -261,7 +262,8 @@ class VerdictIndex:
         needs: Mapping[str, tuple[Need, ...]],
         failed: dict[str, str],
     ) -> list[N]:
-        """What `prefilter(nodes, node_names, needs, failed)` returns and writes into `failed`."""
+        """What `prefilter(nodes, node_names, needs, failed)` returns and writes into `failed` (the
+        same entries; in `failed` they may come in another order)."""
         end = self._base + len(self._log)
         key = tuple(needs.items())
         v = self._by_key.pop(key, None)
@@ -294,9 +296,23 @@ class VerdictIndex:
             del self._by_key[next(iter(self._by_key))]
         if len(self._log) > self.max_log:
             self._compact()
-        fits, fails = v.fits, v.fails
-        failed.update({name: fails.get(name, "node unregistered") for name in node_names if name not in fits})
-        return [nodes[name] for name in node_names if name in fits]
+        # C-level iteration (filter/map over bound methods): this runs over every candidate name.
+        out = list(filter(v.fits.__contains__, node_names))
+        if len(out) < len(node_names):
+            refused = list(filterfalse(v.fits.__contains__, node_names))
+            if (
+                len(refused) == len(v.fails)
+                and all(map(v.fails.__contains__, refused))
+                and (len(set(refused)) == len(refused))
+            ):
+                # Every refused node of the cluster is asked about (kube-scheduler passed all nodes):
+                # a dict merge reuses the stored hashes, ~2x faster than a lookup per name.
+                failed.update(v.fails)
+            else:
+                failed.update(
+                    zip(refused, map(v.fails.get, refused, repeat("node unregistered")), strict=True)
+                )
+        return list(map(nodes.__getitem__, out))
 
     def _compact(self) -> None:
         """Drop the log entries every kept demand has seen, and the demands far behind (they rebuild)."""

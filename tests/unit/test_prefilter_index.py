@@ -100,7 +100,7 @@ def test_the_index_equals_prefilter_after_any_changes(demands, steps, max_demand
         got_failed: dict[str, str] = {}
         got = index.candidates(nodes, names, needs, got_failed)
         assert [x.name for x in got] == [x.name for x in want]
-        assert list(got_failed.items()) == list(want_failed.items())
+        assert got_failed == want_failed
 
 
 def test_a_reset_forgets_every_verdict():
@@ -114,3 +114,17 @@ def test_a_reset_forgets_every_verdict():
     failed: dict[str, str] = {}
     assert index.candidates(nodes, ["a"], need, failed) == []
     assert failed == {"a": "1/1 CardInsufficientMemory"}
+
+
+def test_all_nodes_asked_duplicates_and_unknown_names_give_prefilters_answer():
+    nodes = {"a": make("a", 1, "NVIDIA"), "b": make("b", 1, "NVIDIA"), "c": make("c", 1, "MLU")}
+    nodes["b"].usage["b-0"] = DeviceUsage(1, 900, 0)
+    need = {"NVIDIA": (Need(1, 500, 0, 0, ()),)}
+    index = VerdictIndex()
+    for names in (["a", "b", "c"], ["c", "b", "a"], ["a", "b", "b"], ["b", "ghost"], ["b", "c", "c"], []):
+        want: dict[str, str] = {}
+        got: dict[str, str] = {}
+        assert [n.name for n in index.candidates(nodes, names, need, got)] == [
+            n.name for n in prefilter(nodes, names, need, want)
+        ]
+        assert got == want, names
