@@ -18,15 +18,16 @@ import contextlib
 import gc
 import heapq
 import logging
+import math
 import operator
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hami import annotations as A
-from hami import objects, pods
+from hami import fragmentation, objects, pods
 from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import NodeView, fit_pod
@@ -119,6 +120,9 @@ class _Node:
     pods: set[str] = field(default_factory=set)
     score: float | None = None  # cached node_score, None = stale
     summaries: dict[str, CardSummary] = field(default_factory=dict)  # per vendor, cleared on any change
+    frag: dict[Any, float] = field(default_factory=dict)  # fragmentation keys by pod shapes, same life
+    cpu_alloc: int | None = None  # allocatable CPU, millicores (None: the Node does not say)
+    cpu_used: int = 0  # CPU requested by the pods counted on this node, millicores
     source: tuple[str | None, ...] | None = None  # the annotations the devices were parsed from
     problem: str | None = None  # what the registration itself says is wrong (None = fine)
     index: VerdictIndex | None = None  # told of every change, so the filter re-judges only changed nodes
@@ -128,6 +132,11 @@ class _Node:
             self.index.changed(self.name)
         self.score = None
         self.summaries.clear()
+        self.frag.clear()
+
+    def cpu_free(self) -> int | None:
+        """Allocatable CPU minus the CPU of the pods counted here, millicores; None when unknown."""
+        return None if self.cpu_alloc is None else self.cpu_alloc - self.cpu_used
 
     def summary(self, vendor: str) -> CardSummary:
         s = self.summaries.get(vendor)
@@ -241,6 +250,7 @@ class _Pod:
     grants: tuple[CardGrant, ...]
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
+    cpu: int = 0  # the pod's CPU request, millicores (kube-scheduler's count)
 
 
 class ClusterState:
@@ -263,6 +273,8 @@ class ClusterState:
             scheduler_name if scheduler_name is not None else self.config.scheduler.schedulerName
         )
         self.quota = QuotaState(self.vendors)
+        #: The workload learned from the pods seen (memory only), for the `fragmentation` policies.
+        self.fragmentation = fragmentation.FragmentationModel()
         self._lock = threading.RLock()
         self._node_keys = (
             *dict.fromkeys(k for v in self.vendors.values() for k in v.node_annotation_keys),
@@ -277,6 +289,9 @@ class ClusterState:
         self._verdicts = VerdictIndex()
         self._nodes: dict[str, _Node] = {}
         self._pods: dict[str, _Pod] = {}
+        # uid -> (node, CPU millicores) of every pod whose CPU is counted on a node: ours, and pods
+        # bound by others (kube-scheduler's CPU fit decides where the next pods can go).
+        self._cpu: dict[str, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------------------------------
     # nodes
@@ -297,12 +312,16 @@ class ClusterState:
             cap = cap if isinstance(cap, dict) else {}
             lab = objects.labels(node)
             source += (*(cap.get(k) for k in self._capacity_keys), *(lab.get(k) for k in self._label_keys))
+        cpu_alloc = fragmentation.node_cpu_milli(node)
         with self._lock:
             n = self._nodes.get(name)
             if n is not None and n.source == source:
                 if n.unusable != n.problem:
                     n.unusable = n.problem
                     self._verdicts.changed(name)
+                if n.cpu_alloc != cpu_alloc:
+                    n.cpu_alloc = cpu_alloc
+                    n.frag.clear()
                 return n.problem
         devices: dict[str, list[Device]] = {}
         unusable = None
@@ -328,6 +347,8 @@ class ClusterState:
             n = self._nodes.get(name)
             if n is None:
                 n = self._nodes[name] = _Node(name, index=self._verdicts)
+                n.cpu_used = sum(c for where, c in self._cpu.values() if where == name)
+            n.cpu_alloc = cpu_alloc
             n.devices = devices
             n.by_uuid = {d.uuid: d for ds in devices.values() for d in ds}
             n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
@@ -384,11 +405,25 @@ class ClusterState:
         n.pods.add(p.uid)
         self._apply(n, p.grants, +1)
         self.quota.add_usage(p.namespace, p.grants)
+        self._set_cpu(p.uid, p.node, p.cpu)
+
+    def _set_cpu(self, uid: str, node: str | None, cpu: int) -> None:
+        """Count pod `uid`'s CPU on `node` (None: on no node any more)."""
+        old = self._cpu.pop(uid, None)
+        if old is not None and (n := self._nodes.get(old[0])) is not None:
+            n.cpu_used -= old[1]
+            n.frag.clear()
+        if node is not None:
+            self._cpu[uid] = (node, cpu)
+            if (n := self._nodes.get(node)) is not None:
+                n.cpu_used += cpu
+                n.frag.clear()
 
     def _drop_record(self, uid: str) -> _Pod | None:
         p = self._pods.pop(uid, None)
         if p is None:
             return None
+        self._set_cpu(uid, None, 0)
         n = self._nodes.get(p.node)
         if n is not None:
             n.pods.discard(uid)
@@ -408,6 +443,11 @@ class ClusterState:
         with self._lock:
             if not ours or pods.is_terminal(pod):
                 self._drop_record(uid)
+                bound = objects.spec(pod).get("nodeName")
+                if not pods.is_terminal(pod) and isinstance(bound, str) and bound:
+                    self._set_cpu(uid, bound, fragmentation.pod_cpu_milli(pod))
+                else:
+                    self._set_cpu(uid, None, 0)
                 return
             if not node:
                 return  # not (yet) placed by us; a reservation in flight stays
@@ -431,6 +471,8 @@ class ClusterState:
             if old is not None and old.node == node and old.grants == grants:
                 old.reserved = False
                 return
+            if old is None:
+                self._learn(pod, uid)
             self._drop_record(uid)
             self._add_record(
                 _Pod(
@@ -441,13 +483,16 @@ class ClusterState:
                     grants,
                     False,
                     time.time(),
+                    fragmentation.pod_cpu_milli(pod),
                 )
             )
 
     def remove_pod(self, uid: str) -> bool:
         """A pod was deleted (or its reservation must go): free its usage. True when something was freed."""
         with self._lock:
-            return self._drop_record(uid) is not None
+            freed = self._drop_record(uid) is not None
+            self._set_cpu(uid, None, 0)
+            return freed
 
     release_reservation = remove_pod
 
@@ -471,6 +516,18 @@ class ClusterState:
 
     # ------------------------------------------------------------------------------------------
     # filter
+
+    def _learn(self, pod: Mapping[str, Any], uid: str) -> None:
+        """Count a live pod the filter did not see (a restart relearns the workload from the live pods)."""
+        try:
+            containers = self.pod_requests(pod)
+            annos = objects.annotations(pod)
+            wanted = {r.vendor for c in containers for r in c.requests}
+            selections = {v: self.vendors[v].selection(annos) for v in wanted}
+        except InvalidRequest:
+            return
+        shapes = fragmentation.pod_shapes(containers, selections, fragmentation.pod_cpu_milli(pod))
+        self.fragmentation.observe((s for ss in shapes.values() for s in ss), uid)
 
     def _best_by_vendor_scores(
         self,
@@ -553,8 +610,14 @@ class ClusterState:
         policy = choose_policies(
             annos, node_default=sched.nodeSchedulerPolicy, card_default=sched.gpuSchedulerPolicy
         )
-        out = FilterOutcome(warnings=policy.warnings, policy=policy)
+        cpu = fragmentation.pod_cpu_milli(pod)
         with self._lock, _gc_paused():
+            shapes = fragmentation.pod_shapes(containers, selections, cpu)
+            model = self.fragmentation
+            model.observe((s for ss in shapes.values() for s in ss), uid)
+            if policy.uses_fragmentation:
+                policy = replace(policy, fragmentation=model)
+            out = FilterOutcome(warnings=policy.warnings, policy=policy)
             self._drop_record(uid)
             failed = out.failed_nodes
             needs = pod_needs(containers, selections)
@@ -562,8 +625,11 @@ class ClusterState:
                 if self.vendors[v].custom_fit:
                     needs[v] = _PRESENCE_ONLY  # the vendor's own fit decides; the node must have its cards
             candidates = self._verdicts.candidates(self._nodes, node_names, needs, failed)
-            sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
-            order = _PolicyOrder.by_score(candidates, sign)
+            if policy.node is NodePolicy.FRAGMENTATION:
+                order = _PolicyOrder.from_entries(self._fragmentation_keys(candidates, shapes))
+            else:
+                sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
+                order = _PolicyOrder.by_score(candidates, sign)
             quota = None
             if self.quota.has_limits(ns):
                 quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
@@ -593,8 +659,14 @@ class ClusterState:
                     chosen, fit, order.entries(), containers, selections, policy, quota, scorers,
                     failed if explain else None,
                 )
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "pod %s/%s -> node %s: policy node=%s cards=%s, %s",
+                    ns, objects.name(pod), chosen.name, policy.node.value,
+                    ",".join(p.value for p in policy.cards), self._score_terms(chosen, shapes, policy),
+                )  # fmt: skip
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
-            self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time()))
+            self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time(), cpu))
         out.node, out.devices = chosen.name, fit.devices
         stamp = int(time.time() if now is None else now)
         out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
@@ -605,6 +677,80 @@ class ClusterState:
             out.annotations.update(self.vendors[v].allocation_annotations(lst, context=ctx))
         out.labels = {A.ASSIGNED_NODE: chosen.name}
         return out
+
+    def _fragmentation_keys(
+        self, candidates: Sequence[_Node], shapes: Mapping[str, tuple[fragmentation.Shape, ...]]
+    ) -> list[tuple[Any, str, _Node]]:
+        """Heap entries under the `fragmentation` node policy: the smallest increase of the node's
+        expected fragmentation for the pod (cached per node until its usage or the learned workload
+        changes), ties to the fuller node (binpack), then by name."""
+        model = self.fragmentation
+        version = model.version
+        out = []
+        single = None
+        if len(shapes) == 1:
+            ((vendor, ss),) = shapes.items()
+            if len(ss) == 1:
+                single = ss[0]
+        if single is None:  # several containers or vendors: each judged alone, summed (rare, slower)
+            key = tuple(shapes.items())
+            for n in candidates:
+                memo = n.frag
+                if memo.get(None) != version:
+                    memo.clear()
+                    memo[None] = version
+                x = memo.get(key)
+                if x is None:
+                    x = memo[key] = fragmentation.pod_delta(model, n.devices, n.usage, shapes, n.cpu_free())
+                out.append(((x, -n.current_score()), n.name, n))
+            return out
+        # One container: the GPU part of the move is cached per GPU shape, the node's value before the
+        # pod once, and the increase per (GPU shape, pod CPU); a miss costs one evaluation.
+        gpu_key = ("gpu", single._replace(cpu=0))
+        key = (single.nums, single.mem, single.pct, single.cores, single.types, single.cpu)
+        for n in candidates:
+            memo = n.frag
+            if memo.get(None) != version:
+                memo.clear()
+                memo[None] = version
+            x = memo.get(key)
+            if x is None:
+                cpu_free = n.cpu_free()
+                before = memo.get("before")
+                if before is None:
+                    look = fragmentation.usage_of(n.usage)
+                    before = memo["before"] = model.value_of(
+                        *model.node_terms(n.devices.get(vendor, ()), look), cpu_free
+                    )
+                move = memo.get(gpu_key, False)
+                if move is False:
+                    move = memo[gpu_key] = model.gpu_move(
+                        n.devices.get(vendor, ()), fragmentation.usage_of(n.usage), single
+                    )
+                if move is None:
+                    x = math.inf
+                else:
+                    after_cpu = None if cpu_free is None else cpu_free - single.cpu
+                    x = model.value_of(move[0], move[1], after_cpu) - before
+                memo[key] = x
+            out.append(((x, -n.current_score()), n.name, n))
+        return out
+
+    def _score_terms(
+        self, n: _Node, shapes: Mapping[str, tuple[fragmentation.Shape, ...]], policy: PolicyChoice
+    ) -> str:
+        """The chosen node's score terms for the debug log (before the pod's reservation)."""
+        terms = f"node score {n.current_score():.3f} (0..30, utilisation before the pod)"
+        if policy.uses_fragmentation:
+            model = self.fragmentation
+            look = fragmentation.usage_of(n.usage)
+            value = sum(model.node_value(n.devices.get(v, ()), look, n.cpu_free()) for v in shapes)
+            delta = fragmentation.pod_delta(model, n.devices, n.usage, shapes, n.cpu_free())
+            terms += (
+                f", expected fragmentation {value:.4f} cards, increase {delta:+.4f} cards "
+                f"(workload v{model.version}: {len(model.active)} shapes, {model.histogram.observed} seen)"
+            )
+        return terms
 
     # ------------------------------------------------------------------------------------------
     # snapshots
@@ -629,6 +775,7 @@ class ClusterState:
             self._nodes.clear()
             self._pods.clear()
             self._verdicts.reset()
+            self._cpu.clear()
             self.quota = QuotaState(self.vendors)
             for q in quotas:
                 self.quota.upsert_quota(q)

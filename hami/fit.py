@@ -172,7 +172,13 @@ def fit_container(
         else:
             reasons[r] += 1
     cores = min(req.coresreq, 100)
-    scored = [(d, u, card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing]
+    frag = policy.fragmentation
+    if frag is not None and CardPolicy.FRAGMENTATION in policy.cards and passing:
+        # The score is the negated increase of the node's expected fragmentation (hami.fragmentation).
+        deltas = frag.card_deltas(cards, usage, [(d, m) for d, _, m in passing], cores)
+        scored = [(d, u, -x) for (d, u, _), x in zip(passing, deltas, strict=True)]
+    else:
+        scored = [(d, u, card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing]
     if selection.numa_bind and req.nums > 1:
         scored = _pick_numa_group(scored, req.nums, policy, reasons)
     if len(scored) < req.nums:

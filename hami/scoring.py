@@ -15,20 +15,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from hami import annotations as A
 from hami.errors import InvalidRequest
 from hami.model import Device, DeviceUsage
 
+if TYPE_CHECKING:
+    from hami.fragmentation import FragmentationModel
+
 #: Policy names as the device config and the pod annotations spell them (HAMi's). Defined here, not in
 #: `hami.config`, because the config imports the vendors, whose fits import this module.
-NODE_POLICIES = ("binpack", "spread")
-CARD_POLICIES = ("binpack", "spread", "numa", "mutex", "topology-aware")
+NODE_POLICIES = ("binpack", "spread", "fragmentation")
+CARD_POLICIES = ("binpack", "spread", "numa", "mutex", "topology-aware", "fragmentation")
 
 
 class NodePolicy(StrEnum):
     BINPACK = "binpack"
     SPREAD = "spread"
+    FRAGMENTATION = "fragmentation"  # smallest increase of expected fragmentation (`hami.fragmentation`)
 
 
 class CardPolicy(StrEnum):
@@ -37,6 +42,7 @@ class CardPolicy(StrEnum):
     NUMA = "numa"
     MUTEX = "mutex"
     TOPOLOGY_AWARE = "topology-aware"
+    FRAGMENTATION = "fragmentation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +62,13 @@ class PolicyChoice:
     cards: tuple[CardPolicy, ...]
     weights: ScoringWeights = ScoringWeights()
     warnings: tuple[str, ...] = field(default=())
+    #: The learned workload the `fragmentation` policies score with (set by the cluster state when a
+    #: policy asks for it; None elsewhere, where `fragmentation` orders cards as binpack does).
+    fragmentation: FragmentationModel | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def uses_fragmentation(self) -> bool:
+        return self.node is NodePolicy.FRAGMENTATION or CardPolicy.FRAGMENTATION in self.cards
 
     @property
     def mutex(self) -> bool:
@@ -225,14 +238,16 @@ def order_cards(
     """Order (device, usage, score) preferred-first by the policy chain; ties by device index.
 
     binpack: higher score first; spread: lower score first; numa: lower NUMA node first;
-    mutex: idle cards first; topology-aware acts in the fit, not here.
+    mutex: idle cards first; topology-aware acts in the fit, not here; fragmentation: higher score
+    first, where the fit gives the negated increase of expected fragmentation as the score when a
+    `FragmentationModel` is in the policy (without one it orders as binpack).
     """
 
     def key(item: tuple[Device, DeviceUsage, float]) -> tuple:
         d, u, s = item
         k: list[float] = []
         for p in policies:
-            if p is CardPolicy.BINPACK:
+            if p is CardPolicy.BINPACK or p is CardPolicy.FRAGMENTATION:
                 k.append(-s)
             elif p is CardPolicy.SPREAD:
                 k.append(s)

@@ -402,6 +402,9 @@ class _Replay:
             i = res.least_allocated(fitting, pod.cpu_milli, pod.memory_mib)
             res.take(i, pod.cpu_milli, pod.memory_mib)
             self.where[uid] = (i, pod, [])
+            # The extender sees the bound pod's event: its CPU counts where the next pods can go.
+            meta = {**pod.obj["metadata"], "uid": uid, "name": name}
+            self.state.upsert_pod({**pod.obj, "metadata": meta, "spec": {**pod.obj["spec"], "nodeName": res.names[i]}})
             r.scheduled += 1
             if r.placements is not None:
                 cname = pod.obj["spec"]["containers"][0].get("name", "")

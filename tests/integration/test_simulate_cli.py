@@ -182,12 +182,12 @@ def test_yaml_input(tmp_path):
             (["--policy", ""], "hami: error: --policy: empty value; e.g. --policy binpack\n"),
             (
                 ["--node-policy", "numa"],
-                "hami: error: --node-policy: 'numa' is not a node policy; valid: binpack, spread\n",
+                "hami: error: --node-policy: 'numa' is not a node policy; valid: binpack, spread, fragmentation\n",
             ),
             (
                 ["--card-policy", "fast"],
                 "hami: error: --card-policy: 'fast' is not a card policy; valid: binpack, spread, numa, mutex, "
-                "topology-aware or a comma chain of them such as numa,binpack\n",
+                "topology-aware, fragmentation or a comma chain of them such as numa,binpack\n",
             ),
             (["--compare", "binpack,fast"], "hami: error: --compare: 'fast' is not a policy; valid:"),
             (

@@ -301,7 +301,7 @@ def test_X15_uuid_pin_is_honoured_and_a_misspelled_policy_is_reported():
     assert out.node == "n"
     assert out.warnings == (
         "hami.io/gpu-scheduler-policy: unknown policy 'binpak'; valid: binpack, spread, numa, mutex, "
-        "topology-aware or a comma chain of them such as 'binpack,numa'; using the default 'spread'",
+        "topology-aware, fragmentation or a comma chain of them such as 'binpack,numa'; using the default 'spread'",
     )
     assert out.policy.cards == (CardPolicy.SPREAD,)
 

@@ -240,8 +240,15 @@ def test_trace_mode_needs_creation_times():
 @pytest.mark.parametrize("mode", [Mode.FILL, Mode.TRACE])
 @pytest.mark.parametrize(
     "policy",
-    [BINPACK, SPREAD, Policy("binpack", "numa,binpack"), Policy("spread", "mutex")],
-    ids=["binpack", "spread", "numa-binpack", "spread-mutex"],
+    [
+        BINPACK,
+        SPREAD,
+        Policy("binpack", "numa,binpack"),
+        Policy("spread", "mutex"),
+        Policy("fragmentation", "fragmentation"),
+        Policy("spread", "fragmentation"),
+    ],
+    ids=["binpack", "spread", "numa-binpack", "spread-mutex", "fragmentation", "spread-fragmentation"],
 )
 def test_generated_replay_never_overcommits_and_matches_the_core_view(mode, policy):
     w = generate_default(config=CFG, seed=2, nodes=24, pods=400)
@@ -300,6 +307,8 @@ def test_parse_policy():
     assert parse_policy("binpack/spread").label == "binpack/spread"
     assert parse_policy("spread/numa+binpack").label == "spread/numa+binpack"
     assert parse_policy("spread").label == "spread"
+    assert parse_policy("fragmentation") == Policy("fragmentation", "fragmentation")
+    assert parse_policy("spread/fragmentation").label == "spread/fragmentation"
     # Empty links of a chain are dropped, so the label stays readable.
     assert parse_policy("binpack/numa++binpack") == Policy("binpack", "numa,binpack")
     for bad in ("fastest", "numa/binpack", "binpack/", "binpack/fast"):
@@ -350,7 +359,7 @@ def test_core_warnings_are_counted_per_pod(tmp_path):
     assert r.scheduled == 2
     assert r.warnings == {
         "hami.io/gpu-scheduler-policy: unknown policy 'tightest'; valid: binpack, spread, numa, mutex, "
-        "topology-aware or a comma chain of them such as 'binpack,numa'; using the default 'binpack'": 4
+        "topology-aware, fragmentation or a comma chain of them such as 'binpack,numa'; using the default 'binpack'": 4
     }
 
 

@@ -1,0 +1,317 @@
+"""hami.fragmentation: the fragmentation measure on hand-computed cases, the memoised path against a full
+recomputation, the learned workload, and the `fragmentation` policy in ClusterState."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hami import annotations as A
+from hami.cluster import ClusterState
+from hami.config import DeviceConfig
+from hami.fragmentation import (
+    FragmentationModel,
+    Shape,
+    WorkloadHistogram,
+    containers_on,
+    node_fragmentation,
+    packed_fragmentation,
+    pod_cpu_milli,
+    serves,
+    total_variation,
+    usage_of,
+)
+from hami.model import Device, DeviceUsage
+from hami.scoring import CardPolicy, NodePolicy, choose_policies, parse_card_policy, parse_node_policy
+
+HALF = Shape(1, 0, 50, 50)  # half a card: 50 % of memory and cores
+WHOLE = Shape(1, 0, 100, 100)
+TWO = Shape(2, 0, 100, 100)
+
+
+def card(i: int, mib: int = 16384, model: str = "T4", count: int = 10) -> Device:
+    return Device(f"GPU-{i}", i, count, mib, 100, f"NVIDIA-{model}")
+
+
+def used(cores: int, mib: int = 16384, slots: int = 1) -> DeviceUsage:
+    return DeviceUsage(slots if cores else 0, mib * cores // 100, cores)
+
+
+def look(usages):
+    return lambda uuid: usages.get(uuid, DeviceUsage())
+
+
+# ----------------------------------------------------------------------------------------------
+# the paper's measure, by hand
+
+
+def test_paper_measure_single_card_shapes():
+    # Card 0 idle (free 1.0), card 1 70 % used (free 0.3).
+    devs = [card(0), card(1)]
+    u = look({"GPU-1": used(70)})
+    # Half share: card 1's 0.3 cannot take 0.5 -> 0.3 is a fragment; card 0 serves it.
+    assert node_fragmentation(devs, u, {HALF: 1.0}) == pytest.approx(0.3)
+    # Whole card: only the idle card serves it -> again 0.3.
+    assert node_fragmentation(devs, u, {WHOLE: 1.0}) == pytest.approx(0.3)
+    # A 0.2 share fits on both cards: nothing is a fragment.
+    assert node_fragmentation(devs, u, {Shape(1, 0, 20, 20): 1.0}) == 0
+    # Expected value over the mix: 0.5 x 0.3 + 0.25 x 0.3 + 0.25 x 0.
+    mix = {HALF: 0.5, WHOLE: 0.25, Shape(1, 0, 20, 20): 0.25}
+    assert node_fragmentation(devs, u, mix) == pytest.approx(0.225)
+
+
+def test_paper_measure_task_that_cannot_run_counts_every_free_share():
+    devs = [card(0), card(1)]
+    u = look({"GPU-1": used(70)})
+    # Two whole cards: one idle card only -> the shape cannot run: 1.0 + 0.3 are fragments.
+    assert node_fragmentation(devs, u, {TWO: 1.0}) == pytest.approx(1.3)
+    # Not enough CPU on the node for the shape: every free share is a fragment.
+    assert node_fragmentation(devs, u, {HALF._replace(cpu=8000): 1.0}, cpu_free=4000) == pytest.approx(1.3)
+    assert node_fragmentation(devs, u, {HALF._replace(cpu=8000): 1.0}, cpu_free=8000) == pytest.approx(0.3)
+
+
+def test_hami_sharing_rules_decide_what_a_card_serves():
+    d = card(0)
+    # Cores free but the memory taken by another tenant: no half share fits.
+    assert not serves(d, DeviceUsage(1, 16000, 10), HALF)
+    # All slots taken.
+    assert not serves(card(0, count=2), DeviceUsage(2, 0, 0), HALF)
+    # A whole-card request needs an idle card (exclusive 100 %).
+    assert not serves(d, DeviceUsage(1, 0, 0), WHOLE)
+    # Model rule: a shape allowed on V100 only is not served by a T4.
+    assert not serves(d, DeviceUsage(), HALF._replace(types=("v100",)))
+    assert serves(card(0, model="V100M32"), DeviceUsage(), HALF._replace(types=("v100",)))
+    # Memory in MiB: 8000 MiB fits an idle 16384 MiB card twice, cores allow 5 of 20 %.
+    assert containers_on(d, DeviceUsage(), Shape(1, 8000, 0, 20)) == 2
+    assert containers_on(d, DeviceUsage(), Shape(1, 1000, 0, 20)) == 5
+
+
+def test_packed_measure_counts_residues_and_cpu_starved_cards():
+    devs = [card(0)]
+    # A card with 0.9 free serves one half share; the other 0.4 is lost to that shape.
+    assert packed_fragmentation(devs, look({"GPU-0": used(10)}), {HALF: 1.0}) == pytest.approx(0.4)
+    # The paper's per-card test sees no fragment there.
+    assert node_fragmentation(devs, look({"GPU-0": used(10)}), {HALF: 1.0}) == 0
+    # Four idle cards and CPU for one 8-core pod: three cards cannot be used.
+    four = [card(i) for i in range(4)]
+    s = WHOLE._replace(cpu=8000)
+    assert packed_fragmentation(four, look({}), {s: 1.0}, cpu_free=10000) == pytest.approx(3.0)
+    assert packed_fragmentation(four, look({}), {s: 1.0}) == 0
+    # For whole cards without a CPU limit it is the paper's measure.
+    u = look({"GPU-1": used(70), "GPU-2": used(100)})
+    dist = {WHOLE: 0.6, TWO: 0.4}
+    assert packed_fragmentation(four, u, dist) == pytest.approx(node_fragmentation(four, u, dist))
+
+
+# ----------------------------------------------------------------------------------------------
+# memoised == recomputed
+
+
+SHAPES = [
+    HALF,
+    WHOLE,
+    TWO,
+    Shape(1, 0, 25, 25, (), 4000),
+    Shape(1, 6000, 0, 30, ("t4",), 2000),
+    Shape(4, 0, 100, 100, (), 32000),
+    Shape(1, 0, 81, 81, (), 3000),
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    weights=st.lists(st.integers(1, 9), min_size=len(SHAPES), max_size=len(SHAPES)),
+    ops=st.lists(st.tuples(st.integers(0, 5), st.integers(0, len(SHAPES) - 1), st.booleans()), max_size=40),
+    cpu=st.one_of(st.none(), st.integers(0, 64000)),
+)
+def test_memoised_value_and_delta_equal_a_full_recomputation(weights, ops, cpu):
+    z = sum(weights)
+    dist = {s: w / z for s, w in zip(SHAPES, weights, strict=True)}
+    model = FragmentationModel(WorkloadHistogram(dist, prior_weight=1.0))
+    devs = [card(i, model="T4" if i % 2 else "V100M32", mib=15360 if i % 2 else 32768) for i in range(6)]
+    usage: dict[str, DeviceUsage] = {}
+    held: list[tuple[str, int, int]] = []
+    for i, k, release in ops:
+        if release and held:
+            uuid, mem, cores = held.pop(0)
+            usage[uuid].sub(mem, cores)
+        else:
+            d, s = devs[i], SHAPES[k]
+            u = usage.setdefault(d.uuid, DeviceUsage())
+            if serves(d, u, s):
+                u.add(s.mem_on(d.devmem), s.cores)
+                held.append((d.uuid, s.mem_on(d.devmem), s.cores))
+        get = usage_of(usage)
+        ref_cpu = math.inf if cpu is None else cpu
+        assert model.node_value(devs, get, cpu) == pytest.approx(packed_fragmentation(devs, get, dist, ref_cpu))
+    # The placement delta of a single-card shape is the best card's recomputed increase.
+    get = usage_of(usage)
+    for s in SHAPES:
+        if s.nums != 1 or (cpu is not None and s.cpu > cpu):
+            continue  # kube-scheduler's CPU fit keeps such a pod off the node
+        best = None
+        for d in devs:
+            u = get(d.uuid)
+            if not serves(d, u, s):
+                continue
+            after = dict(usage)
+            after[d.uuid] = DeviceUsage(u.used + 1, u.usedmem + s.mem_on(d.devmem), u.usedcores + s.cores)
+            c0 = math.inf if cpu is None else cpu
+            c1 = math.inf if cpu is None else cpu - s.cpu
+            x = packed_fragmentation(devs, usage_of(after), dist, c1) - packed_fragmentation(devs, get, dist, c0)
+            best = x if best is None else min(best, x)
+        got = model.placement_delta(devs, get, s, cpu)
+        assert (got is None) == (best is None)
+        if best is not None:
+            assert got == pytest.approx(best)
+
+
+# ----------------------------------------------------------------------------------------------
+# the learned workload
+
+
+def test_histogram_converges_on_a_stationary_stream_and_the_prior_fades():
+    truth = {HALF: 0.5, WHOLE: 0.3, TWO: 0.2}
+    h = WorkloadHistogram({Shape(8, 0, 100, 100): 1.0}, prior_weight=64, half_life=2000)
+    assert h.distribution() == {Shape(8, 0, 100, 100): 1.0}
+    rng = random.Random(7)
+    shapes, p = list(truth), list(truth.values())
+    for _ in range(20000):
+        h.observe(rng.choices(shapes, p)[0])
+    got = h.distribution()
+    assert total_variation(got, truth) < 0.04, got
+    assert got.get(Shape(8, 0, 100, 100), 0) < 1e-3  # the prior is 10 half-lives old
+
+
+def test_histogram_follows_a_change_of_workload():
+    h = WorkloadHistogram({}, prior_weight=0, half_life=500)
+    for _ in range(3000):
+        h.observe(HALF)
+    for _ in range(3000):
+        h.observe(WHOLE)
+    assert h.distribution()[WHOLE] > 0.98
+
+
+def test_model_refreshes_only_on_drift_and_ignores_a_uid_seen_twice():
+    m = FragmentationModel(WorkloadHistogram({HALF: 1.0}, prior_weight=10), check_every=10, drift=0.05)
+    v = m.version
+    assert m.observe([HALF], uid="a") and not m.observe([HALF], uid="a")
+    for i in range(30):
+        m.observe([HALF], uid=f"h{i}")
+    assert m.version == v  # nothing changed: memoised terms stay
+    for i in range(40):
+        m.observe([WHOLE], uid=f"w{i}")
+    assert m.version > v and m.active[WHOLE] > 0.2  # weighted per card: a half share counts twice
+
+
+def test_bad_histogram_arguments_are_named():
+    with pytest.raises(ValueError, match="half_life"):
+        WorkloadHistogram(half_life=0)
+    with pytest.raises(ValueError, match="prior_weight"):
+        WorkloadHistogram(prior_weight=-1)
+
+
+def test_pod_cpu_is_counted_as_kube_scheduler_does():
+    pod = {
+        "spec": {
+            "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "3"}}}],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "500m"}}},
+                {"name": "b", "resources": {"limits": {"cpu": "1"}}},
+                {"name": "c", "resources": {"requests": {"cpu": "bad"}}},
+            ],
+        }
+    }
+    assert pod_cpu_milli(pod) == 3000  # the init container (3) is larger than 0.5 + 1 running
+    pod["spec"]["initContainers"] = []
+    assert pod_cpu_milli(pod) == 1500
+
+
+# ----------------------------------------------------------------------------------------------
+# the policy in the core
+
+
+def test_policy_names_parse_for_node_card_and_pod():
+    assert parse_node_policy("Fragmentation") is NodePolicy.FRAGMENTATION
+    assert parse_card_policy("fragmentation,numa") == (CardPolicy.FRAGMENTATION, CardPolicy.NUMA)
+    choice = choose_policies(
+        {A.NODE_SCHEDULER_POLICY: "fragmentation", A.GPU_SCHEDULER_POLICY: "fragmentation"},
+        node_default="binpack",
+        card_default="spread",
+    )
+    assert choice.uses_fragmentation and not choice.warnings
+
+
+def reg_node(name: str, cards: list[Device], cpu: str = "64") -> dict:
+    return {
+        "metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(cards)}},
+        "status": {"allocatable": {"cpu": cpu}},
+    }
+
+
+def share_pod(uid: str, pct: int, cpu: str = "1") -> dict:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": str(pct), "nvidia.com/gpumem-percentage": str(pct)}
+    return {
+        "metadata": {"name": uid, "namespace": "default", "uid": uid, "annotations": {}},
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [{"name": "c", "resources": {"limits": limits, "requests": {"cpu": cpu}}}],
+        },
+    }
+
+
+def frag_state() -> ClusterState:
+    cfg = DeviceConfig()
+    sched = replace(cfg.scheduler, nodeSchedulerPolicy="fragmentation", gpuSchedulerPolicy="fragmentation")
+    return ClusterState(config=replace(cfg, scheduler=sched))
+
+
+def test_fragmentation_fills_the_gap_a_share_fits_best():
+    cs = frag_state()
+    cs.upsert_node(reg_node("a", [Device(f"a{i}", i, 10, 16384, 100, "NVIDIA-T4") for i in range(2)]))
+    cs.upsert_node(reg_node("b", [Device("b0", 0, 10, 16384, 100, "NVIDIA-T4")]))
+    # 50 % on node b's card, then another 50 %: it completes that card instead of opening one on a.
+    assert cs.filter(share_pod("p1", 50), ["a", "b"]).node in ("a", "b")
+    first = cs.usage_snapshot()
+    second = cs.filter(share_pod("p2", 50), ["a", "b"])
+    (node, cards), = ((n, c) for n, c in first.items() if c)
+    assert second.node == node
+    assert cs.usage_snapshot()[node] == {next(iter(cards)): (2, 16384, 100)}
+
+
+def test_fragmentation_keeps_cpu_for_the_cards_of_a_node():
+    cs = frag_state()
+    # Node "rich" has one card and plenty of CPU; node "tight" two cards and CPU for about one pod.
+    cs.upsert_node(reg_node("rich", [Device("r0", 0, 10, 16384, 100, "NVIDIA-T4")], cpu="64"))
+    cs.upsert_node(reg_node("tight", [Device(f"t{i}", i, 10, 16384, 100, "NVIDIA-T4") for i in range(2)], cpu="9"))
+    for i in range(50):  # learn a workload of 8-core whole-card pods
+        cs.fragmentation.observe([WHOLE._replace(cpu=8000)], uid=f"seen-{i}")
+    cs.fragmentation._set_active(cs.fragmentation.histogram.distribution())
+    # A CPU-heavy share would leave "tight" unable to feed a whole-card pod: it goes to "rich".
+    out = cs.filter(share_pod("heavy", 30, cpu="6"), ["rich", "tight"])
+    assert out.node == "rich"
+    # The released pod's CPU leaves the node again.
+    assert cs.remove_pod("heavy")
+    assert cs._nodes["rich"].cpu_used == 0
+
+
+def test_restart_relearns_from_live_pods():
+    cs = frag_state()
+    cs.upsert_node(reg_node("a", [Device("a0", 0, 10, 16384, 100, "NVIDIA-T4")]))
+    live = []
+    for i in range(3):
+        p = share_pod(f"l{i}", 20)
+        out = cs.filter(p, ["a"])
+        p["metadata"]["annotations"].update(out.annotations)
+        live.append(p)
+    fresh = frag_state()
+    before = fresh.fragmentation.histogram.observed
+    fresh.rebuild([reg_node("a", [Device("a0", 0, 10, 16384, 100, "NVIDIA-T4")])], live)
+    assert fresh.fragmentation.histogram.observed == before + 3
+    assert fresh.usage_snapshot() == cs.usage_snapshot()
+    assert fresh._nodes["a"].cpu_used == cs._nodes["a"].cpu_used == 3000
