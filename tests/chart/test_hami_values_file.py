@@ -13,6 +13,7 @@ import helm_python
 import pytest
 import yaml
 
+from hami.config import load_config
 from tests.chart.render import ROOT, render
 from tests.chart.schemas import validate
 from tests.chart.test_chart_fit import FOREIGN, containers, parsed, parser_for
@@ -149,6 +150,8 @@ def test_hamis_per_node_keys_pass_in_any_case() -> None:
     r = render({"devicePlugin": {"nodeconfig": [node]}})
     cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
     assert cfg["nodeconfig"] == [node]
+    override = load_config(cfg).nodes["n1"]  # what the device plugin reads on node n1
+    assert (override.deviceSplitCount, override.deviceMemoryScaling) == (3, 1.5)
 
 
 def test_hamis_node_ports_and_service_annotations_survive_the_migration() -> None:
