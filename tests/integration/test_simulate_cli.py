@@ -453,3 +453,31 @@ def test_input_format_is_chosen_by_suffix_else_by_the_first_non_blank_line(tmp_p
         "e": True,
         "f": False,
     }
+
+
+def test_placements_are_written_in_full_when_stdout_is_closed_early(tmp_path):
+    out = tmp_path / "p.csv"
+    p = subprocess.run(
+        f"{sys.executable} -m hami.cli simulate {' '.join(SMALL)} --placements {out} | head -1",
+        shell=True, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.startswith("hami simulate - fill mode"), p.stderr
+    full = subprocess.run(
+        [sys.executable, "-m", "hami.cli", "simulate", *SMALL, "--placements", str(tmp_path / "q.csv")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    rows = out.read_text().splitlines()
+    assert len(rows) > 100 and rows == (tmp_path / "q.csv").read_text().splitlines()
+    assert f"placements: {len(rows) - 1} rows written" in full.stdout
+
+
+def test_progress_lines_without_a_terminal():
+    p = hami("simulate", "--generate", "16,200", "--progress", "--compare", "binpack,fragmentation")
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    for label in ("binpack", "fragmentation"):
+        mine = [x for x in lines if x.startswith(f"{label}: ")]
+        assert mine and mine[-1].startswith(f"{label}: 100 % ("), lines
+    assert hami("simulate", "--progress", "--no-progress").stderr.endswith(
+        "--progress: not together with --no-progress\n"
+    )
