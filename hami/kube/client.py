@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -141,6 +142,11 @@ class KubeClient:
         except (k8s_config.ConfigException, OSError) as e:
             where = f"kubeconfig {path!r}" if path else "in-cluster config"
             raise InvalidRequest(f"{where}: {e}") from None
+        except (yaml.YAMLError, TypeError, ValueError, KeyError, AttributeError) as e:
+            # The kubernetes loader indexes the parsed YAML without checking its shape, so a file
+            # that is not a kubeconfig (plain text, a list, broken YAML) surfaces as these.
+            where = f"kubeconfig {path!r}" if path else "in-cluster config"
+            raise InvalidRequest(f"{where}: not a kubeconfig ({type(e).__name__}: {e})") from None
         cls._tune(cfg, pool_size)
         return cls(k8s.ApiClient(cfg), **options)
 

@@ -121,6 +121,22 @@ def test_bad_kubeconfig_names_the_file(tmp_path) -> None:
         KubeClient.from_kubeconfig(str(path))
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param("hello world\n", id="plain-text"),
+        pytest.param("- a\n- b\n", id="yaml-list"),
+        pytest.param("{a: [1,\n", id="broken-yaml"),
+        pytest.param("apiVersion: v1\nclusters: 5\n", id="clusters-not-a-list"),
+    ],
+)
+def test_kubeconfig_that_is_not_a_kubeconfig_names_the_file(tmp_path, content: str) -> None:
+    path = tmp_path / "kubeconfig"
+    path.write_text(content)
+    with pytest.raises(InvalidRequest, match=f"kubeconfig '{path}'"):
+        KubeClient.from_kubeconfig(str(path))
+
+
 # -- binding and events ---------------------------------------------------------------------------
 
 
