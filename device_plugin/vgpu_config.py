@@ -38,7 +38,7 @@ ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 MAX_BYTES = 65536
 
 _NAMES = re.compile(
-    r"CUDA_DEVICE_MEMORY_LIMIT(_\d{1,2})?|CUDA_DEVICE_SM_LIMIT(_\d{1,2})?|CUDA_DEVICE_MEMORY_SHARED_CACHE"
+    r"CUDA_DEVICE_MEMORY_LIMIT(_[0-9]{1,2})?|CUDA_DEVICE_SM_LIMIT(_[0-9]{1,2})?|CUDA_DEVICE_MEMORY_SHARED_CACHE"
     r"|CUDA_TASK_PRIORITY|GPU_CORE_UTILIZATION_POLICY|LIBVGPU_CARD_DIR|LIBVGPU_SM_USE_IDLE|LIBVGPU_PRIORITY_FLOOR"
 )
 
@@ -93,7 +93,8 @@ def parse(text: str) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         if not seen_header:
-            m = re.fullmatch(r"vgpu-config (\d+)", line)
+            # ASCII digits only: Python's \d also takes "١" or "５", which libvgpu refuses
+            m = re.fullmatch(r"vgpu-config ([0-9]+)", line)
             if not m:
                 raise ConfigFileError(f"{CONFIG_NAME}: line {no}: expected {HEADER!r}")
             if int(m.group(1)) != FORMAT_MAJOR:

@@ -10,6 +10,7 @@ registry that imports them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
@@ -29,7 +30,8 @@ def coerce(section: str, key: str, value: Any, typ: Any) -> Any:
     where = f"{section}.{key}"
     if typ in ("int", int):
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            # ASCII only, as Go's strconv (isdigit() also takes "²", which int() refuses)
+            if isinstance(value, str) and re.fullmatch(r"-?[0-9]+", value.strip()):
                 return int(value)
             raise ConfigError(f"{where}: {value!r} must be an integer")
         return value

@@ -31,7 +31,8 @@ _DECIMAL = {
     "P": Fraction(10**15),
     "E": Fraction(10**18),
 }
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?\d+|[numkMGTPE])?$")
+#: ASCII digits only, as Kubernetes' quantity grammar (Python's \d also takes "١" or "５").
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+|[numkMGTPE])?$")
 #: Largest value HAMi stores (int32); beyond it HAMi wraps, we refuse.
 INT32_MAX = 2**31 - 1
 MIB = 2**20

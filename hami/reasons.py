@@ -22,7 +22,7 @@ from hami.model import PERCENTAGE_UNSET, ContainerRequest
 from hami.pods import ContainerSpec
 
 #: One ``n/total Word`` term of a node's failure text.
-_TERM = re.compile(r"^\s*(\d+)/(\d+) ([A-Za-z]+)\s*$")
+_TERM = re.compile(r"^\s*([0-9]+)/([0-9]+) ([A-Za-z]+)\s*$")
 _BY_VALUE = {r.value: r for r in Reason}
 
 

@@ -37,7 +37,7 @@ __all__ = [
     "switches_of",
 ]  # fmt: skip
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")  # ASCII digits, as Go's durations
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -53,7 +54,7 @@ def xid_policy(env: Mapping[str, str]) -> tuple[bool, frozenset[int]]:
             item = item.strip()
             if not item:
                 continue
-            if not item.isdigit():
+            if not re.fullmatch(r"[0-9]+", item):  # str.isdigit() also takes "²", which int() refuses
                 raise ConfigError(
                     f"{var}: {item!r} is not an XID number; valid: 'all', 'xids' or e.g. '13,31'"
                 )

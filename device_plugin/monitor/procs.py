@@ -91,7 +91,7 @@ class ProcTable:
             except OSError:
                 names = []
             for name in names:
-                if not name.isdigit():
+                if not (name.isascii() and name.isdigit()):
                     continue
                 host = int(name)
                 st = self._running(host)

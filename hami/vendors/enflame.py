@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -264,7 +265,7 @@ class DRSVendor(C.ShareVendor):
             if not isinstance(d, dict):
                 raise AnnotationError(f"devices[{pos}]: must be a JSON object")
             index_str = str(d.get("index", pos))
-            index = int(index_str) if index_str.isdigit() else pos
+            index = int(index_str) if re.fullmatch(r"[0-9]+", index_str) else pos
             cap = d.get("capacity")
             if isinstance(cap, str):
                 try:

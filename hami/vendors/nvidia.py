@@ -299,7 +299,8 @@ class NvidiaVendor(VendorBase):
             )
         if n.priority and n.priority in present:
             prio = str(present[n.priority]).strip()
-            if not prio.lstrip("-").isdigit():
+            # ASCII only: libvgpu reads the env var with atoi, and isdigit() also takes "١" or "²"
+            if not re.fullmatch(r"-?[0-9]+", prio):
                 raise InvalidRequest(f"{field(n.priority)}: {prio!r} must be an integer (0 high, 1 low)")
             set_env(container, ENV_TASK_PRIORITY, prio)
 
