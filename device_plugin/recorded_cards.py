@@ -1,0 +1,313 @@
+"""Matching kubelet's device ids to the cards the scheduler recorded, and serving containers again
+after a node reboot (hami-legacy-spec §2.7, §2.8).
+
+A container gets the recorded cards (``hami.io/vgpu-devices-to-allocate``); kubelet's device count and
+the container's limit must agree with them, and every card must be ours. When kubelet's ids sit on other
+cards (its Topology Manager, say) the container still gets the recorded cards, and the mismatch is a
+Warning event (`CARD_MISMATCH_REASON`) and a metric. After a reboot, with no lock held, a request is
+answered read-only from the ``hami.io/vgpu-devices-allocated`` of Running pods when exactly one kind of
+container fits it.
+
+`RecordedCards` is a mixin of `device_plugin.allocator.Allocator`, which holds the state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from device_plugin.api import api_pb2 as pb
+from device_plugin.devices import DeviceState
+from device_plugin.errors import AllocationRefused
+from device_plugin.lock_holder import PendingPod
+from hami import annotations as ann
+from hami import pods
+from hami.errors import AnnotationError
+from hami.model import ContainerDevice
+from hami.vendors.nvidia import control_disabled
+
+if TYPE_CHECKING:
+    from device_plugin.allocator import AllocatorSettings, Kube
+
+# The logger keeps the name it had before Allocate was split into parts: documented transcripts name it.
+log = logging.getLogger("device_plugin.allocator")
+
+VENDOR = "NVIDIA"  # CommonWord of the entries we consume in hami.io/vgpu-devices-to-allocate
+
+EVENT_COMPONENT = "hami-device-plugin"  # source.component of the plugin's events
+CARD_MISMATCH_REASON = "CardMismatch"  # Warning event: kubelet's ids on other cards than recorded
+
+
+class RecordedCards:
+    """Per-container card checks and reboot re-admission of `device_plugin.allocator.Allocator` (a mixin)."""
+
+    # Set up by `device_plugin.allocator.Allocator.__init__` (shared by all its parts).
+    kube: Kube
+    state: DeviceState
+    settings: AllocatorSettings
+    on_allocated: Callable[[], None]
+    on_preferred_fallback: Callable[[str], None]
+    on_card_mismatch: Callable[[], None]
+    on_readmitted: Callable[[], None]
+    _release_lock: Callable[..., bool]
+    _init_ids: dict[str, set[str]]
+    _readmitted: set[tuple[str, int]]
+
+    if TYPE_CHECKING:
+        # Provided by the other parts of Allocator.
+        async def _fail(self, pod: dict, reason: str, message: str) -> AllocationRefused: ...
+        async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+        def _record_problem(
+            self, ref: str, annos: Any, entries: list[list[ContainerDevice]], containers: list[dict]
+        ) -> str | None: ...
+        async def _respond(
+            self, pending: PendingPod, ctr: dict, entry: list[ContainerDevice], refuse: Callable[[str, str], Any]
+        ) -> pb.ContainerAllocateResponse: ...
+        def _prefer(
+            self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]
+        ) -> list[str]: ...
+
+    async def _serve_container(
+        self, pending: PendingPod, idx: int, entry: list[ContainerDevice], ids: list[str]
+    ) -> pb.ContainerAllocateResponse:
+        s = self.settings
+        ctr = pending.containers[idx]
+        name = ctr.get("name", f"#{idx}")
+        where = f"pod {pending.ref()} container {name}"
+        recorded = [d.uuid for d in entry]
+
+        async def refuse(reason: str, message: str) -> AllocationRefused:
+            return await self._fail(pending.pod, reason, f"{where}: {message}")
+
+        if any(d.type != VENDOR for d in entry):
+            raise await refuse(
+                "bad_annotation", f"entry {idx} has device types {[d.type for d in entry]}, want {VENDOR}"
+            )
+        if len(ids) != len(entry):
+            raise await refuse(
+                "count_mismatch",
+                f"kubelet asked for {len(ids)} device(s) {ids} but the scheduler recorded {len(entry)} card(s) "
+                f"{recorded}",
+            )
+        limit = ((ctr.get("resources") or {}).get("limits") or {}).get(s.resource_name)
+        if limit is None or str(limit) != str(len(entry)):
+            raise await refuse(
+                "count_mismatch",
+                f"the container limits {s.resource_name}={limit!r} but the scheduler recorded {len(entry)} card(s) "
+                f"{recorded}",
+            )
+        unknown = [u for u in recorded if self.state.card(u) is None]
+        if unknown:
+            raise await refuse(
+                "unknown_card", f"recorded card(s) {unknown} are not cards of node {s.node_name}"
+            )
+        physical = [self.state.card_of(i) for i in ids]
+        if None in physical:
+            bad = [i for i, p in zip(ids, physical, strict=True) if p is None]
+            raise await refuse(
+                "unknown_device", f"kubelet's device id(s) {bad} are not advertised by this plugin"
+            )
+        # kubelet hands devices freed by earlier init containers of the same pod to the next containers
+        # without asking for a preference; those may sit on other cards than this container's record.
+        # That is kubelet's bookkeeping only (the container gets the recorded cards through
+        # NVIDIA_VISIBLE_DEVICES), so only ids that are neither on a recorded card nor such reuse count.
+        left = Counter(recorded)
+        stray = []
+        for dev_id, card in zip(ids, physical, strict=True):
+            if left[card] > 0:
+                left[card] -= 1
+            else:
+                stray.append(dev_id)
+        reused = self._init_ids.get(pending.uid, set())
+        if stray and not set(stray) <= reused:
+            sick = [u for u in dict.fromkeys(recorded) if not self.state.card(u).healthy]
+            if sick:
+                # kubelet only offers healthy devices, so it had to pick elsewhere: say why.
+                raise await refuse(
+                    "unhealthy_card",
+                    f"the scheduler recorded card(s) {recorded} but {sick} became unhealthy on node "
+                    f"{s.node_name} after scheduling, so kubelet gave devices {ids} on other cards",
+                )
+            await self._card_mismatch(pending.pod, name, ids, physical, recorded)
+        if idx < pending.n_init:
+            self._init_ids.setdefault(pending.uid, set()).update(ids)
+        return await self._respond(pending, ctr, entry, refuse)
+
+    async def _card_mismatch(
+        self,
+        pod: dict,
+        container: str,
+        ids: Sequence[str],
+        physical: Sequence[str | None],
+        recorded: list[str],
+    ) -> None:
+        """kubelet's ids sit on other cards than recorded: count it, log it and tell the pod's owner."""
+        self.on_card_mismatch()
+        message = (
+            f"container {container}: kubelet's devices {list(ids)} are on card(s) {sorted(set(physical))} but the "
+            f"scheduler recorded {recorded}; the container gets the recorded card(s), which the scheduler "
+            "accounted. kubelet did not follow the preferred allocation (its Topology Manager, for example), "
+            "so what kubelet reports for this container differs from the card(s) it uses"
+        )
+        log.warning("pod %s/%s %s", pod["metadata"].get("namespace"), pod["metadata"].get("name"), message)
+        try:
+            await asyncio.to_thread(
+                self.kube.create_event,
+                pod,
+                reason=CARD_MISMATCH_REASON,
+                message=message,
+                type="Warning",
+                component=EVENT_COMPONENT,
+                host=self.settings.node_name,
+            )
+        except Exception as e:  # noqa: BLE001 - an event is best effort; the allocation stands
+            log.warning("could not record the %s event: %s", CARD_MISMATCH_REASON, e)
+
+    # ----- Allocate again after a node reboot
+
+    async def _running_pods(self) -> list[PendingPod]:
+        """Pods on this node whose allocation is complete: ours, bound here, bind-phase ``success``,
+        Running, every entry of to-allocate served; `entries` are their recorded (allocated) cards."""
+        s = self.settings
+        listed = await self._call(self.kube.list_pods, field_selector=f"spec.nodeName={s.node_name}")
+        out = []
+        for pod in listed:
+            spec, annos = pod.get("spec") or {}, ann.pod_annotations(pod)
+            if not (
+                spec.get("schedulerName") == s.scheduler_name
+                and spec.get("nodeName") == s.node_name
+                and annos.get(ann.ASSIGNED_NODE) == s.node_name
+                and annos.get(ann.BIND_PHASE) == ann.BindPhase.SUCCESS.value
+                and (pod.get("status") or {}).get("phase") == "Running"
+                and ann.NVIDIA_TO_ALLOCATE in annos
+                and ann.NVIDIA_ALLOCATED in annos
+            ):
+                continue
+            try:
+                left = ann.decode_pod_devices(annos[ann.NVIDIA_TO_ALLOCATE])
+                recorded = ann.decode_pod_devices(annos[ann.NVIDIA_ALLOCATED])
+            except AnnotationError:
+                continue
+            containers = pods.containers(pod)
+            ref = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
+            if any(left) or len(recorded) != len(containers):
+                continue
+            if self._record_problem(ref, annos, [[] for _ in containers], containers) is not None:
+                continue
+            out.append(
+                PendingPod(pod=pod, entries=recorded, containers=containers, n_init=pods.init_count(pod))
+            )
+        out.sort(key=lambda p: (p.namespace, p.name))
+        return out
+
+    def _readmission_choice(
+        self, running: list[PendingPod], ids: Sequence[str] | None, size: int
+    ) -> tuple[PendingPod, int] | str:
+        """The container a request of `size` devices (kubelet's `ids`, None for a preference) is for, or
+        why none can be chosen. Prefers the containers whose recorded cards are the cards of `ids`."""
+        options = [
+            (p, i)
+            for p in running
+            for i, e in enumerate(p.entries)
+            if e and len(e) == size and (p.uid, i) not in self._readmitted
+        ]
+        if not options:
+            return f"no Running pod on node {self.settings.node_name} has a container of {size} card(s) to serve again"
+        pool = options
+        if ids is not None:
+            cards = Counter(self.state.card_of(i) for i in ids)
+            pool = [(p, i) for p, i in options if Counter(d.uuid for d in p.entries[i]) == cards] or options
+
+        def key(o: tuple[PendingPod, int]) -> tuple:
+            p, i = o
+            return (
+                *((d.uuid, d.usedmem, d.usedcores) for d in p.entries[i]),
+                control_disabled(p.containers[i]),
+            )
+
+        if len({key(o) for o in pool}) > 1:
+            names = "; ".join(
+                f"{p.ref()} container {p.containers[i].get('name', i)} ("
+                + ", ".join(f"{d.uuid} {d.usedmem} MiB {d.usedcores} %" for d in p.entries[i])
+                + ")"
+                for p, i in pool
+            )
+            return f"containers of Running pods that differ in cards or limits could each be the one: {names}"
+        # Equal candidates get equal cards and limits, so taking the first is as good as knowing.
+        return pool[0]
+
+    async def _readmission_preference(
+        self, requests: Sequence[pb.ContainerPreferredAllocationRequest]
+    ) -> list[list[str]]:
+        """Preferences for a request with no lock held: the cards of the container it is unambiguously
+        for (see `_readmit`). Raises AllocationRefused when a request has no such container."""
+        running = await self._running_pods()
+        out = []
+        for req in requests:
+            choice = self._readmission_choice(running, None, req.allocation_size)
+            if isinstance(choice, str):
+                raise AllocationRefused("no_entry", choice)
+            p, i = choice
+            out.append(self._prefer(req, p.entries[i]))
+        return out
+
+    async def _readmit(
+        self, requests: Sequence[Sequence[str]], no_lock: AllocationRefused
+    ) -> list[pb.ContainerAllocateResponse]:
+        """kubelet asks again for containers admitted before a node reboot: answer from their records.
+
+        Nothing is written (the pods run; their annotations stay as they are). Raises `no_lock`'s
+        refusal, completed by why no running container matches, without marking any pod failed.
+        """
+        running = await self._running_pods()
+        responses = []
+        chosen: list[tuple[str, int]] = []
+        for ids in requests:
+            ids = list(ids)
+            physical = [self.state.card_of(i) for i in ids]
+            if None in physical:
+                bad = [i for i, c in zip(ids, physical, strict=True) if c is None]
+                raise AllocationRefused(
+                    "unknown_device", f"kubelet's device id(s) {bad} are not advertised by this plugin"
+                )
+            choice = self._readmission_choice(running, ids, len(ids))
+            if isinstance(choice, str):
+                raise AllocationRefused(no_lock.reason, f"{no_lock.message}; {choice}")
+            pending, idx = choice
+            entry = pending.entries[idx]
+            ctr = pending.containers[idx]
+            recorded = [d.uuid for d in entry]
+
+            where = f"pod {pending.ref()} container {ctr.get('name', '?')}"
+
+            async def refuse(reason: str, message: str, where: str = where) -> AllocationRefused:
+                return AllocationRefused(
+                    reason, f"{where}: {message}"
+                )  # a running pod is never marked failed
+
+            sick = [
+                u
+                for u in dict.fromkeys(recorded)
+                if self.state.card(u) is None or not self.state.card(u).healthy
+            ]
+            if sick:
+                raise await refuse(
+                    "unhealthy_card", f"recorded card(s) {sick} are missing or unhealthy on this node"
+                )
+            if Counter(physical) != Counter(recorded):
+                await self._card_mismatch(pending.pod, ctr.get("name", "?"), ids, physical, recorded)
+            responses.append(await self._respond(pending, ctr, entry, refuse))
+            self._readmitted.add((pending.uid, idx))
+            chosen.append((pending.ref(), ctr.get("name", "?")))
+        for ref, name in chosen:
+            self.on_allocated()
+            self.on_readmitted()
+            log.info(
+                "pod %s container %s served again from its recorded cards (no lock held: node restart)",
+                ref,
+                name,
+            )
+        return responses

@@ -1,0 +1,362 @@
+"""The extender's /bind verb: node lock + Binding (with the bind-phase annotations), undone on failure.
+
+Rules this module keeps (k8s-protocols §1.2/§1.8, hami-legacy-spec §2.7/§2.9):
+
+* Always an HTTP-200 answer; any failure is the reply's ``Error`` (and a ``BindingFailed`` event).
+* Bind takes the node lock (first try from the watched Node, no GET), then creates the Binding, which
+  carries ``hami.io/bind-phase: allocating`` and ``hami.io/bind-time`` in its annotations: the API server
+  copies them onto the pod in the same write that binds it (two API calls on the happy path).
+  A failure after the lock releases the lock (owner-checked); a pod or node
+  that is gone also releases the reservation. Other failures keep the reservation: the pod still carries
+  its allocation annotations (so a rebuild would count it too) until kube-scheduler filters it again,
+  which replaces the reservation, or the pod is deleted (HAMi §2.9).
+* Binding an already-bound pod to the same node succeeds (kube-scheduler may retry after a timeout).
+* With ``--async-record`` bind first waits for the filter's placement write and fails if it failed;
+  with ``--filter-mode all`` the cards are chosen here, for the node kube-scheduler picked.
+
+`BindVerbs` is a mixin of `scheduler_extender.service.Extender`, which holds the shared state; it uses
+the filter side's `wait_recorded` and `_record` (`scheduler_extender.filtering`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from hami import annotations as A
+from hami.cluster import ClusterState, FilterOutcome
+from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention, NotFound
+from hami.nodelock import NodeMutexes, lock_node, release_node_lock
+from hami.vendors import pod_takes_node_lock
+from scheduler_extender import events as ev
+from scheduler_extender.lockwait import LockQueues
+from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.runtime import TermGuard
+from scheduler_extender.sync import Inflight
+from scheduler_extender.wire import BindArgs, bind_result, parse_bind_args
+
+if TYPE_CHECKING:
+    from scheduler_extender.service import Settings
+
+# The logger keeps the name it had before the verbs were split out of service.py: log filters and
+# documented transcripts name it.
+log = logging.getLogger("scheduler_extender.service")
+
+
+class BindFailure(Exception):
+    """A bind step failed: `reason` is the metric label, the message goes into ``Error`` and the event."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class LockHeld(BindFailure):
+    """The node lock is held by another live pod (the bind may wait for it: `Settings.bind_lock_wait_s`)."""
+
+
+class BindVerbs:
+    """/bind of `scheduler_extender.service.Extender` (a mixin: no state of its own)."""
+
+    # The state `scheduler_extender.service.Extender.__init__` sets up (shared by both verbs).
+    state: ClusterState
+    client: Any
+    settings: Settings
+    metrics: ExtenderMetrics
+    events: ev.EventSink
+    readiness: Callable[[], str | None]
+    inflight: Inflight
+    pod_lookup: Callable[[str, str], dict[str, Any] | None]
+    node_lookup: Callable[[str], dict[str, Any] | None]
+    node_mutexes: NodeMutexes
+    lock_queues: LockQueues
+    term_guard: TermGuard
+    _pending: dict[str, Future[bool]]
+    _record_errors: OrderedDict[str, str]
+    _pending_lock: threading.Lock
+    _recorder: ThreadPoolExecutor | None
+
+    if TYPE_CHECKING:
+        # Provided by the filter side (scheduler_extender.filtering.FilterVerbs).
+        def wait_recorded(self, uid: str, *, timeout_s: float) -> str | None: ...
+        def _record(self, pod: dict[str, Any], outcome: FilterOutcome) -> str | None: ...
+
+    async def bind(self, body: bytes) -> dict[str, str]:
+        """Answer one ExtenderBindingArgs body with ``{"Error": ...}`` (never raises)."""
+        t0 = time.perf_counter()
+        args: BindArgs | None = None
+        try:
+            args = parse_bind_args(body)
+            not_ready = self.readiness()
+            token = self.term_guard.token()
+            if not_ready is None and token is None:
+                not_ready = "leadership term is changing"
+            if not_ready is not None:
+                raise BindFailure("not_ready", f"extender not ready: {not_ready}")
+            await self._bind_waiting(args, token)
+            result = bind_result()
+            self.metrics.binds.labels("bound").inc()
+        except InvalidRequest as e:
+            self.metrics.bind_failed("bad_request")
+            result = bind_result(str(e))
+        except BindFailure as e:
+            self.metrics.bind_failed(e.reason)
+            result = bind_result(str(e))
+            if args is not None and e.reason != "not_ready":
+                self.events.emit(
+                    ev.pod_ref(args.pod_namespace, args.pod_name, args.pod_uid),
+                    reason=ev.BINDING_FAILED,
+                    message=str(e),
+                    warning=True,
+                )
+        except Exception:  # noqa: BLE001
+            log.exception("bind failed unexpectedly")
+            self.metrics.bind_failed("internal")
+            result = bind_result("internal error in the extender; see its log")
+        if result["Error"]:
+            self.metrics.binds.labels("error").inc()
+        self.metrics.bind_latency.observe(time.perf_counter() - t0)
+        return result
+
+    async def _bind_waiting(self, a: BindArgs, token: int | None = None) -> None:
+        """Bind; while the node lock is held by another pod, wait in the node's FIFO (lock pipelining).
+
+        A bind arriving while others wait for the node queues behind them without trying. The head
+        tries again whenever the watch saw something that may have freed the lock; after
+        `Settings.bind_lock_wait_s` seconds (or when the pod is deleted) it fails as a bind without
+        waiting would.
+        """
+        budget = self.settings.bind_lock_wait_s
+        queues = self.lock_queues
+        if budget <= 0 or self.client is None:
+            await asyncio.to_thread(self._bind_sync, a, token)
+            return
+        loop = asyncio.get_running_loop()
+        queues.attach(loop)
+        deadline = loop.time() + budget
+        # Queued before the first try, so that a release seen by the watch while that try is in flight
+        # is not lost; alone in the queue it tries at once, behind others it waits for its turn.
+        waiter = queues.join(a.node, a.pod_uid or f"{a.pod_namespace}/{a.pod_name}")
+        held: LockHeld | None = None
+        try:
+            while True:
+                await self._await_turn(a, waiter, deadline, held)
+                try:
+                    await asyncio.to_thread(self._bind_sync, a, token)
+                except LockHeld as e:
+                    held = e
+                    continue
+                queues.leave(waiter, got_lock=True)
+                return
+        finally:
+            queues.leave(waiter)
+
+    async def _await_turn(self, a: BindArgs, waiter: Any, deadline: float, held: LockHeld | None) -> None:
+        """Wait for `waiter`'s turn; raise the bind's failure when the wait ends without one."""
+        why = await self.lock_queues.turn(waiter, deadline)
+        if why is None:
+            return None
+        who = f"pod {a.pod_namespace}/{a.pod_name}"
+        if why == "gone":
+            raise BindFailure(
+                "pod_gone", f"binding {who} to {a.node} failed: the pod was deleted while waiting for the node lock"
+            )
+        waited = f"waited {self.settings.bind_lock_wait_s:g}s for it (--bind-lock-wait)"
+        if held is not None:
+            raise LockHeld("lock", f"{held}; {waited}")
+        raise LockHeld(
+            "lock", f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}"
+        )
+
+    def _bind_sync(self, a: BindArgs, token: int | None = None) -> None:
+        """One bind attempt; its API writes only while `token`'s leadership term lasts (`TermGuard`)."""
+        with self.term_guard.writing(token) as current:
+            if not current:
+                raise BindFailure(
+                    "not_ready", f"binding pod {a.pod_namespace}/{a.pod_name} failed: leadership ended; the "
+                    "new leader will filter it again",
+                )  # fmt: skip
+            self._bind_in_term(a)
+
+    def _bind_in_term(self, a: BindArgs) -> None:
+        ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
+        who = f"pod {ns}/{name}"
+        if not uid and self.client is not None:
+            # Callers that leave PodUID out: the reservation is keyed by UID, so look it up.
+            try:
+                pod = self.client.get_pod(ns, name)
+            except HamiError as e:
+                raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
+            if pod is None:
+                raise BindFailure("pod_gone", f"binding {who} to {node} failed: the pod no longer exists")
+            uid = (pod.get("metadata") or {}).get("uid", "")
+            a = BindArgs(name, ns, uid, node)
+        if self._recorder is not None and uid:
+            error = self.wait_recorded(uid, timeout_s=30.0)
+            if error is not None:
+                raise BindFailure("record", f"binding {who} to {node} failed: {error}")
+        cached = self.pod_lookup(ns, name)
+        if cached is not None and (not uid or (cached.get("metadata") or {}).get("uid") == uid):
+            bound = (cached.get("spec") or {}).get("nodeName")
+            if bound == node:
+                return  # a retried bind of a pod that is already bound: nothing to take again
+            if bound:
+                raise BindFailure(
+                    "bind", f"binding {who} to {node} failed: the pod is already bound to {bound}"
+                )
+        reserved = self.state.pod_node(uid) if uid else None
+        if self.settings.filter_mode == "all" and reserved != node and uid and self.client is not None:
+            # --filter-mode all: the cards are decided now, for the node kube-scheduler picked.
+            cached = self._place_at_bind(a, cached)
+            reserved = node
+        if reserved is not None and reserved != node:
+            raise BindFailure(
+                "no_reservation",
+                f"{who} was filtered onto node {reserved}, not {node}; it will be filtered again",
+            )
+        if reserved is None and self._already_bound(a):
+            return
+        if self.client is None:
+            return
+        try:
+            if pod_takes_node_lock(cached, self.state.vendors):
+                lock_node(
+                    self.client, node, namespace=ns, pod_name=name, uid=uid or None,
+                    expiry_s=self.settings.node_lock_expiry_s,
+                    cached=self.node_lookup(node), mutexes=self.node_mutexes,
+                )  # fmt: skip
+        except NodeLockContention as e:
+            raise LockHeld("lock", f"binding {who} to {node} failed: {e}") from None
+        except NotFound:
+            self._release_reservation(uid)
+            raise BindFailure(
+                "node_gone",
+                f"binding {who} failed: node {node} no longer exists; the reservation was released",
+            ) from None
+        except HamiError as e:
+            raise BindFailure(
+                "lock", f"binding {who} failed: cannot take the lock of node {node}: {e}"
+            ) from None
+        try:
+            why = self.state.node_unusable_reason(node)
+            if why is not None and why.startswith("node unregistered"):
+                # The node (or its registration) went away while we held the lock: the API server would
+                # still accept the Binding, but nothing on that node can allocate the cards.
+                self._unlock(node, ns, name)
+                self._release_reservation(uid)
+                raise BindFailure(
+                    "node_gone",
+                    f"binding {who} failed: node {node} no longer exists; the reservation was released",
+                )
+            # bind-phase and bind-time ride on the Binding: the API server writes them together with
+            # spec.nodeName, so the device plugin never sees one without the other.
+            self.client.bind_pod(
+                ns,
+                name,
+                uid=uid or None,
+                node=node,
+                annotations={A.BIND_PHASE: A.BindPhase.ALLOCATING.value, A.BIND_TIME: str(int(time.time()))},
+            )
+        except (NotFound, Conflict) as e:
+            self._unlock(node, ns, name)
+            gone = isinstance(e, NotFound) or self._pod_gone(ns, name, uid)
+            if gone:
+                self._release_reservation(uid)
+                raise BindFailure(
+                    "pod_gone",
+                    f"binding {who} to {node} failed: the pod was deleted (or re-created) after filtering; "
+                    "its reservation and the node lock were released",
+                ) from None
+            raise BindFailure(
+                "bind", f"binding {who} to {node} failed: {e}; the node lock was released"
+            ) from None
+        except HamiError as e:
+            self._unlock(node, ns, name)
+            raise BindFailure(
+                "bind", f"binding {who} to {node} failed: {e}; the node lock was released"
+            ) from None
+        self.events.emit(
+            ev.pod_ref(ns, name, uid),
+            reason=ev.BINDING_SUCCEED,
+            message=ev.binding_succeed_message(node, ns, name),
+        )
+
+    def _place_at_bind(self, a: BindArgs, cached: dict[str, Any] | None) -> dict[str, Any]:
+        """``--filter-mode all``: choose and reserve the cards on `a.node`, record them on the pod.
+
+        Returns the pod. Raises BindFailure when the pod is gone, no longer fits on the node (another
+        pod took the capacity since /filter), or the placement could not be written (the reservation
+        is released then).
+        """
+        ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
+        who = f"pod {ns}/{name}"
+        pod = cached
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+            try:
+                pod = self.client.get_pod(ns, name)
+            except HamiError as e:
+                raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
+        if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+            raise BindFailure("pod_gone", f"binding {who} to {node} failed: the pod no longer exists")
+        with self.inflight.lock:
+            outcome = self.state.filter(pod, [node])
+            if outcome.node == node:
+                self.inflight.expect(uid, outcome.annotations)
+        if outcome.error:
+            raise BindFailure("invalid_pod", f"binding {who} to {node} failed: {outcome.error}")
+        if outcome.node != node:
+            why = outcome.failed_nodes.get(node, "no fit")
+            raise BindFailure(
+                "no_fit", f"binding {who} to {node} failed: it no longer fits there ({why}); it will be scheduled again"
+            )
+        error = self._record(pod, outcome)
+        if error is not None:
+            self._release_reservation(uid)
+            raise BindFailure("record", f"binding {who} to {node} failed: {error}")
+        cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
+        self.events.emit(pod, reason=ev.FILTERING_SUCCEED, message=ev.filtering_succeed_message(node, cards, 0))
+        return pod
+
+    def _already_bound(self, a: BindArgs) -> bool:
+        """No reservation for this pod UID: True for a pod already bound to the node (a retried bind),
+        else BindFailure explaining why there is nothing to bind."""
+        who = f"pod {a.pod_namespace}/{a.pod_name}"
+        if self.client is None:
+            raise BindFailure("no_reservation", f"{who} has no device reservation; it will be filtered again")
+        try:
+            pod = self.client.get_pod(a.pod_namespace, a.pod_name)
+        except HamiError as e:
+            raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
+        if pod is None or (a.pod_uid and (pod.get("metadata") or {}).get("uid") != a.pod_uid):
+            raise BindFailure("pod_gone", f"binding {who} to {a.node} failed: the pod no longer exists")
+        if (pod.get("spec") or {}).get("nodeName") == a.node:
+            return True
+        raise BindFailure(
+            "no_reservation",
+            f"{who} has no device reservation on node {a.node} (reservation expired or the extender "
+            "restarted before recording it); it will be filtered again",
+        )
+
+    def _pod_gone(self, ns: str, name: str, uid: str) -> bool:
+        try:
+            pod = self.client.get_pod(ns, name)
+        except HamiError:
+            return False
+        return pod is None or bool(uid and (pod.get("metadata") or {}).get("uid") != uid)
+
+    def _release_reservation(self, uid: str) -> None:
+        if uid:
+            self.state.release_reservation(uid)
+            self.inflight.forget(uid)
+
+    def _unlock(self, node: str, ns: str, name: str) -> None:
+        try:
+            release_node_lock(self.client, node, namespace=ns, pod_name=name, mutexes=self.node_mutexes)
+        except HamiError as e:
+            log.warning("node %s: lock of pod %s/%s not released: %s (it expires)", node, ns, name, e)
