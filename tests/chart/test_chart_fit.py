@@ -189,8 +189,11 @@ def test_extender_url_reaches_the_extenders_real_port(values: dict) -> None:
     assert url.hostname == "127.0.0.1" and args.address in ("0.0.0.0", "127.0.0.1")  # same pod
     assert url.port == args.port == named_port(ext, "http")
     server = routes("scheduler_extender")
-    for verb in ("filterVerb", "bindVerb"):
-        assert f"{url.path.rstrip('/')}/{cfg['extenders'][0][verb]}" in server["POST"]
+    extender = cfg["extenders"][0]
+    for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
+        assert f"{url.path.rstrip('/')}/{extender[verb]}" in server["POST"], verb
+    # kube-scheduler rejects an extender with a prioritizeVerb and no positive weight.
+    assert extender["weight"] > 0
     # kube-scheduler reads the ConfigMap key the flag names.
     _spec, ks = container(r, "Deployment", "hami-scheduler", "kube-scheduler")
     path = next(a for a in ks["args"] if a.startswith("--config=")).split("=", 1)[1]
