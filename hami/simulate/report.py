@@ -117,6 +117,23 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+def peak_reason(r: RunResult) -> str:
+    """Why a trace run's peak GPU allocation is what it is: when it happened, how many GPU pods were
+    refused by then, and the most common reason (a low peak without failures means the trace itself
+    never asked for more)."""
+    when = "-" if r.peak_time is None else f"{r.peak_time:g} s"
+    if not r.failed_gpu_pods:
+        return (
+            f"peak {r.peak_gpu_allocation_ratio * 100:.2f}% at trace time {when}; no GPU pod was refused, so the "
+            "peak is what the trace asked for at that time, not a limit of the cluster"
+        )
+    top = r.failure_reasons.most_common(1)[0][0] if r.failure_reasons else "-"
+    return (
+        f"peak {r.peak_gpu_allocation_ratio * 100:.2f}% at trace time {when}; {r.failed_gpu_pods} GPU pods were "
+        f"refused over the trace, most often for {top}"
+    )
+
+
 def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
     """The human summary: what was replayed, one row per policy, allocation at arrivals, failure reasons."""
     r0 = results[0]
@@ -152,6 +169,22 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
             ]
         )
     lines += _table(header, rows)
+    lines += [
+        "",
+        *(
+            f"  {line}"
+            for line in (
+                "pods: pods submitted (GPU and CPU-only); scheduled / failed: placed / refused (not retried)",
+                f"{alloc[0]} / {alloc[1]}: card cores / card memory held, percent of the cluster's"
+                + (" (at the end of the run)" if fill else " (highest point of the trace)"),
+                "1st fail at: arrived GPU demand (percent of GPU capacity) when the first GPU pod failed",
+                "p50 / p99 ms: the scheduler core's decision time per GPU pod; time s: the replay's wall time",
+            )
+        ),
+    ]
+    if not fill:
+        for r in results:
+            lines.append(f"  {r.policy.label}: {peak_reason(r)}")
     if r0.mode is Mode.FILL and r0.checkpoints:
         lines += ["", "GPU allocation at arrived demand (percent of GPU capacity):"]
         marks = [c.arrival for c in r0.checkpoints]

@@ -481,3 +481,15 @@ def test_progress_lines_without_a_terminal():
     assert hami("simulate", "--progress", "--no-progress").stderr.endswith(
         "--progress: not together with --no-progress\n"
     )
+
+
+def test_summary_explains_its_columns_and_the_trace_peak():
+    p = hami("simulate", *SMALL)
+    assert p.returncode == 0, p.stderr
+    assert "  1st fail at: arrived GPU demand (percent of GPU capacity) when the first GPU pod failed" in p.stdout
+    assert "GPU alloc / mem alloc: card cores / card memory held" in p.stdout
+    t = hami("simulate", *SMALL, "--mode", "trace")
+    assert t.returncode == 0, t.stderr
+    peak = [x for x in t.stdout.splitlines() if x.startswith("  binpack/spread: peak ")]
+    assert len(peak) == 1 and "% at trace time " in peak[0], t.stdout
+    assert ("GPU pods were refused" in peak[0]) or ("no GPU pod was refused" in peak[0])
