@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from hami import annotations as A
-from hami.model import Device
 from hami.handshake import check_node
+from hami.model import Device
 from hami.vendors import build_vendors
 
 NOW = datetime(2026, 11, 29, 12, 0, 0)
