@@ -38,10 +38,10 @@ class SchedulerConfig:
     """The `scheduler:` section (ours; HAMi sets these with scheduler flags)."""
 
     nodeSchedulerPolicy: str = "binpack"
-    """Default node policy `binpack` or `spread` (HAMi `--node-scheduler-policy`). Default `binpack`."""
+    """Default node policy `binpack`, `spread` or `fragmentation` (HAMi `--node-scheduler-policy`; `fragmentation` is ours). Default `binpack`."""
     gpuSchedulerPolicy: str = "spread"
-    """Default card policy, a comma chain of binpack, spread, numa, mutex, topology-aware
-    (HAMi `--gpu-scheduler-policy`). Default `spread`."""
+    """Default card policy, a comma chain of binpack, spread, numa, mutex, topology-aware,
+    fragmentation (HAMi `--gpu-scheduler-policy`; `fragmentation` is ours). Default `spread`."""
     schedulerName: str = "hami-scheduler"
     """`spec.schedulerName` of the pods this scheduler places and counts (HAMi `--scheduler-name`). Default `hami-scheduler`."""
     enableAscend: bool = False

@@ -405,3 +405,18 @@ def test_values_are_valid_json_for_the_schema_itself() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(defaults) <= set(schema["properties"]), set(defaults) - set(schema["properties"])
+
+
+def test_schema_policies_are_the_schedulers_policies() -> None:
+    # The chart must accept every policy the scheduler's parser accepts (and no other), or a valid
+    # value such as `fragmentation` is refused at install time.
+    from hami.scoring import CARD_POLICIES, NODE_POLICIES
+
+    props = json.loads((CHART / "values.schema.json").read_text())["properties"]["scheduler"]["properties"]
+    policy = props["defaultSchedulerPolicy"]["properties"]
+    assert set(policy["nodeSchedulerPolicy"]["enum"]) == set(NODE_POLICIES)
+    names = policy["gpuSchedulerPolicy"]["pattern"].split(")(")[0].lstrip("^(").split("|")
+    assert set(names) == set(CARD_POLICIES)
+    for chain in ["fragmentation", "topology-aware,fragmentation", *CARD_POLICIES]:
+        render({"scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": chain}}})
+    render({"scheduler": {"defaultSchedulerPolicy": {"nodeSchedulerPolicy": "fragmentation"}}})
