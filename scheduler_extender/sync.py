@@ -293,7 +293,7 @@ class ClusterSync:
 
     def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
         """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
-        scheduler name, phase, the container lists and init container states."""
+        scheduler name, node name, phase, the container lists and init container states."""
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
@@ -303,6 +303,7 @@ class ClusterSync:
             meta.get("uid"),
             tuple(annos.get(k) for k in keys),
             spec.get("schedulerName"),
+            spec.get("nodeName"),  # another scheduler's Binding: its CPU is counted on that node
             spec.get("containers"),
             spec.get("initContainers"),
             status.get("phase"),
