@@ -14,78 +14,41 @@ filters can never take the same capacity; the lock is never held across I/O (cal
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import heapq
 import logging
-import math
-import operator
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hami import annotations as A
 from hami import fragmentation, objects, pods
+from hami.cluster_queries import CardStat, ClusterQueries
+from hami.cluster_scoring import PolicyScoring
 from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
-from hami.fit import NodeView, fit_pod
+from hami.fit import fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
+from hami.node_order import _gc_paused, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
-from hami.prefilter import CardSummary, Need, VerdictIndex, pod_needs
+from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
-from hami.scoring import NodePolicy, PolicyChoice, choose_policies, node_score
+from hami.scoring import NodePolicy, PolicyChoice, choose_policies
 from hami.vendors import build_vendors
 from hami.vendors.base import AllocationContext, Vendor
+
+# Kept importable from here: the card record, the node record and the candidate order moved to
+# `hami.cluster_queries` and `hami.node_order` (the filter uses the same classes, no wrapper).
+__all__ = ["CardStat", "ClusterState", "FilterOutcome", "TERMINAL_PHASES", "pod_container_kinds"]
 
 #: The prefilter demand of a vendor with its own fit: any node that has its cards.
 _PRESENCE_ONLY = (Need(0, 0, 0, 0, ()),)
 
 log = logging.getLogger(__name__)
 
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Automatic garbage collection off for a short section that allocates per node.
-
-    Why: a rebuild allocates millions of objects and a filter some per candidate node, and every
-    allocation counts towards CPython's next collection, whose older generations walk every object
-    the process holds (at 10,000 nodes a full collection took 1-4 s on the dev machine, see
-    docs/benchmarks.md). Work per call that grows with the node count thus also set off collections
-    whose cost grows with it. Paused, the section's garbage (freed by reference counting anyway) is
-    seen by one young collection afterwards. The switch is process-wide, so it is only restored when
-    this section turned it off; the extender's GcFreezer keeps the older generations small besides.
-    """
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_on:
-            gc.enable()
-
 # Kept importable from here for callers written before `hami.pods` held the pod-level rules.
 TERMINAL_PHASES = pods.TERMINAL_PHASES
 pod_container_kinds = pods.container_kinds
-
-
-@dataclass(frozen=True, slots=True)
-class CardStat:
-    """One card and its usage (for metrics, reports and tests). Memory MiB, cores percent."""
-
-    node: str
-    uuid: str
-    index: int
-    type: str
-    vendor: str
-    count: int
-    used: int
-    devmem: int
-    usedmem: int
-    devcore: int
-    usedcores: int
-    health: bool
 
 
 @dataclass(slots=True)
@@ -109,139 +72,6 @@ class FilterOutcome:
 
 
 @dataclass(slots=True)
-class _Node:
-    name: str
-    devices: dict[str, list[Device]] = field(default_factory=dict)
-    by_uuid: dict[str, Device] = field(default_factory=dict)
-    usage: dict[str, DeviceUsage] = field(default_factory=dict)
-    cordoned: frozenset[str] = frozenset()
-    pair_scores: dict[str, dict[str, int]] = field(default_factory=dict)
-    unusable: str | None = None
-    pods: set[str] = field(default_factory=set)
-    score: float | None = None  # cached node_score, None = stale
-    summaries: dict[str, CardSummary] = field(default_factory=dict)  # per vendor, cleared on any change
-    frag: dict[Any, float] = field(default_factory=dict)  # fragmentation keys by pod shapes, same life
-    cpu_alloc: int | None = None  # allocatable CPU, millicores (None: the Node does not say)
-    cpu_used: int = 0  # CPU requested by the pods counted on this node, millicores
-    source: tuple[str | None, ...] | None = None  # the annotations the devices were parsed from
-    problem: str | None = None  # what the registration itself says is wrong (None = fine)
-    index: VerdictIndex | None = None  # told of every change, so the filter re-judges only changed nodes
-
-    def touch(self) -> None:
-        if self.index is not None:
-            self.index.changed(self.name)
-        self.score = None
-        self.summaries.clear()
-        self.frag.clear()
-
-    def cpu_free(self) -> int | None:
-        """Allocatable CPU minus the CPU of the pods counted here, millicores; None when unknown."""
-        return None if self.cpu_alloc is None else self.cpu_alloc - self.cpu_used
-
-    def summary(self, vendor: str) -> CardSummary:
-        s = self.summaries.get(vendor)
-        if s is None:
-            s = self.summaries[vendor] = CardSummary.of(
-                self.devices.get(vendor, ()), self.usage, self.cordoned
-            )
-        return s
-
-    def view(self) -> NodeView:
-        return NodeView(self.name, self.devices, self.usage, self.cordoned, self.pair_scores)
-
-    def current_score(self) -> float:
-        if self.score is None:
-            sums = [0, 0, 0, 0, 0, 0]
-            for d in self.by_uuid.values():
-                u = self.usage.get(d.uuid)
-                sums[0] += d.count
-                sums[2] += d.devcore
-                sums[4] += d.devmem
-                if u is not None:
-                    sums[1] += u.used
-                    sums[3] += u.usedcores
-                    sums[5] += u.usedmem
-            self.score = node_score(*sums)
-        return self.score
-
-
-class _PolicyOrder:
-    """Candidate nodes in node-policy order: ascending (key, name), where key is -score (binpack) or
-    score (spread), or the given keys of other policies.
-
-    Only the best fitting node is needed, and the first candidate nearly always fits (the prefilter
-    already refused the rest). So the first node comes from one scan over the cached scores, which
-    allocates no object per node (floats are not tracked by the garbage collector, tuples are); only
-    when it does not fit do the others go into a heap, giving them in O(k log n) for the k tried.
-    Building that heap of (key, name, node) tuples up front for 10,000 candidates cost more than the
-    rest of a filter, and its tuples set off garbage collections.
-    """
-
-    __slots__ = ("_nodes", "_keys", "_sign", "_heap", "_taken")
-
-    def __init__(self, nodes: list[_Node], keys: list[Any], sign: float = 1.0) -> None:
-        # keys[i] is nodes[i]'s score when `sign` is +-1 (order by sign * score), else its own key
-        self._nodes, self._keys, self._sign = nodes, keys, sign
-        self._heap: list[tuple[Any, str, _Node]] | None = None
-        self._taken = -1  # index of the node given by the scan
-
-    @classmethod
-    def by_score(cls, candidates: list[_Node], sign: float) -> _PolicyOrder:
-        scores = list(map(_SCORE, candidates))  # C-level: cached scores, None where stale
-        if None in scores:
-            scores = [n.current_score() if x is None else x for n, x in zip(candidates, scores, strict=True)]
-        return cls(candidates, scores, sign)
-
-    @classmethod
-    def from_entries(cls, entries: list[tuple[Any, str, _Node]]) -> _PolicyOrder:
-        order = cls([], [])
-        heapq.heapify(entries)
-        order._heap = entries
-        return order
-
-    def __bool__(self) -> bool:
-        if self._heap is not None:
-            return bool(self._heap)
-        return len(self._nodes) > (self._taken >= 0)
-
-    def pop(self) -> _Node:
-        if self._heap is None and self._taken < 0:
-            keys, nodes = self._keys, self._nodes
-            best = max(keys) if self._sign < 0 else min(keys)
-            if keys.count(best) == 1:
-                self._taken = keys.index(best)
-            else:
-                self._taken = min((i for i, k in enumerate(keys) if k == best), key=lambda i: nodes[i].name)
-            return nodes[self._taken]
-        return heapq.heappop(self._rest())[2]
-
-    def _rest(self) -> list[tuple[Any, str, _Node]]:
-        if self._heap is None:
-            t, sign = self._taken, self._sign
-            self._heap = [(sign * k, n.name, n) for i, (k, n) in enumerate(zip(self._keys, self._nodes, strict=True))
-                          if i != t]  # fmt: skip
-            heapq.heapify(self._heap)
-        return self._heap
-
-    def names(self) -> list[str]:
-        """Names of the nodes not given yet."""
-        if self._heap is not None:
-            return [name for _, name, _ in self._heap]
-        names = list(map(_NAME, self._nodes))
-        if self._taken >= 0:
-            del names[self._taken]
-        return names
-
-    def entries(self) -> list[tuple[Any, str, _Node]]:
-        """The nodes not given yet as (key, name, node)."""
-        return list(self._rest())
-
-
-_SCORE = operator.attrgetter("score")
-_NAME = operator.attrgetter("name")
-
-
-@dataclass(slots=True)
 class _Pod:
     uid: str
     namespace: str
@@ -253,7 +83,7 @@ class _Pod:
     cpu: int = 0  # the pod's CPU request, millicores (kube-scheduler's count)
 
 
-class ClusterState:
+class ClusterState(ClusterQueries, PolicyScoring):
     """Nodes, cards, per-card usage, pod reservations and quotas. Thread-safe.
 
     Pods count only when they carry `hami.io/vgpu-node` and were scheduled by `scheduler_name`
@@ -529,51 +359,6 @@ class ClusterState:
         shapes = fragmentation.pod_shapes(containers, selections, fragmentation.pod_cpu_milli(pod))
         self.fragmentation.observe((s for ss in shapes.values() for s in ss), uid)
 
-    def _best_by_vendor_scores(
-        self,
-        first: _Node,
-        first_fit: Any,
-        rest: Sequence[tuple[Any, str, _Node]],
-        containers: Sequence[ContainerSpec],
-        selections: Mapping[str, Selection],
-        policy: Any,
-        quota: Any,
-        scorers: Sequence[Vendor],
-        failed: dict[str, str] | None,
-    ) -> tuple[_Node, Any]:
-        """For pods of vendors with a topology term (`Vendor.node_score`: MetaX GPU topology tables,
-        Ascend NetworkIDs, Vastai dies): fit the other candidates too and keep the node with the highest
-        vendor term, ties going to the node policy's order (`first` is the policy's best fitting node)."""
-
-        def term(n: _Node, f: Any) -> float:
-            return sum(
-                v.node_score(
-                    f.devices.get(v.common_word, []),
-                    cards={d.uuid: d for d in n.devices.get(v.common_word, ())},
-                    node_policy=policy.node.value,
-                )
-                for v in scorers
-            )
-
-        best = ((-term(first, first_fit), -1), first, first_fit)
-        for i, (_, _, n) in enumerate(sorted(rest, key=lambda item: (item[0], item[1]))):
-            f = fit_pod(containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota)
-            if f.ok:
-                cand = ((-term(n, f), i), n, f)
-                if cand[0] < best[0]:
-                    best = cand
-            elif failed is not None:
-                failed[n.name] = f.reason_text()
-        chosen = best[1]
-        if failed is not None and chosen is not first:
-            failed.pop(chosen.name, None)
-            why = f"node {chosen.name} preferred by the {'/'.join(v.common_word for v in scorers)} topology score"
-            failed[first.name] = why
-            for name, text in list(failed.items()):
-                if text.startswith(f"node {first.name} preferred by node policy"):
-                    failed[name] = why
-        return chosen, best[2]
-
     def pod_requests(self, pod: Mapping[str, Any]) -> list[ContainerSpec]:
         """Per container (init first) its device requests. Raises InvalidRequest for bad quantities."""
         return pods.requests(pod, self.vendors)
@@ -678,80 +463,6 @@ class ClusterState:
         out.labels = {A.ASSIGNED_NODE: chosen.name}
         return out
 
-    def _fragmentation_keys(
-        self, candidates: Sequence[_Node], shapes: Mapping[str, tuple[fragmentation.Shape, ...]]
-    ) -> list[tuple[Any, str, _Node]]:
-        """Heap entries under the `fragmentation` node policy: the smallest increase of the node's
-        expected fragmentation for the pod (cached per node until its usage or the learned workload
-        changes), ties to the fuller node (binpack), then by name."""
-        model = self.fragmentation
-        version = model.version
-        out = []
-        single = None
-        if len(shapes) == 1:
-            ((vendor, ss),) = shapes.items()
-            if len(ss) == 1:
-                single = ss[0]
-        if single is None:  # several containers or vendors: each judged alone, summed (rare, slower)
-            key = tuple(shapes.items())
-            for n in candidates:
-                memo = n.frag
-                if memo.get(None) != version:
-                    memo.clear()
-                    memo[None] = version
-                x = memo.get(key)
-                if x is None:
-                    x = memo[key] = fragmentation.pod_delta(model, n.devices, n.usage, shapes, n.cpu_free())
-                out.append(((x, -n.current_score()), n.name, n))
-            return out
-        # One container: the GPU part of the move is cached per GPU shape, the node's value before the
-        # pod once, and the increase per (GPU shape, pod CPU); a miss costs one evaluation.
-        gpu_key = ("gpu", single._replace(cpu=0))
-        key = (single.nums, single.mem, single.pct, single.cores, single.types, single.cpu)
-        for n in candidates:
-            memo = n.frag
-            if memo.get(None) != version:
-                memo.clear()
-                memo[None] = version
-            x = memo.get(key)
-            if x is None:
-                cpu_free = n.cpu_free()
-                before = memo.get("before")
-                if before is None:
-                    look = fragmentation.usage_of(n.usage)
-                    before = memo["before"] = model.value_of(
-                        *model.node_terms(n.devices.get(vendor, ()), look), cpu_free
-                    )
-                move = memo.get(gpu_key, False)
-                if move is False:
-                    move = memo[gpu_key] = model.gpu_move(
-                        n.devices.get(vendor, ()), fragmentation.usage_of(n.usage), single
-                    )
-                if move is None:
-                    x = math.inf
-                else:
-                    after_cpu = None if cpu_free is None else cpu_free - single.cpu
-                    x = model.value_of(move[0], move[1], after_cpu) - before
-                memo[key] = x
-            out.append(((x, -n.current_score()), n.name, n))
-        return out
-
-    def _score_terms(
-        self, n: _Node, shapes: Mapping[str, tuple[fragmentation.Shape, ...]], policy: PolicyChoice
-    ) -> str:
-        """The chosen node's score terms for the debug log (before the pod's reservation)."""
-        terms = f"node score {n.current_score():.3f} (0..30, utilisation before the pod)"
-        if policy.uses_fragmentation:
-            model = self.fragmentation
-            look = fragmentation.usage_of(n.usage)
-            value = sum(model.node_value(n.devices.get(v, ()), look, n.cpu_free()) for v in shapes)
-            delta = fragmentation.pod_delta(model, n.devices, n.usage, shapes, n.cpu_free())
-            terms += (
-                f", expected fragmentation {value:.4f} cards, increase {delta:+.4f} cards "
-                f"(workload v{model.version}: {len(model.active)} shapes, {model.histogram.observed} seen)"
-            )
-        return terms
-
     # ------------------------------------------------------------------------------------------
     # snapshots
 
@@ -786,62 +497,6 @@ class ClusterState:
             for p in pending:
                 if p.uid not in self._pods:
                     self._add_record(p)
-
-    def card_stats(self) -> list[CardStat]:
-        """Every registered card with its usage, ordered by node then card index."""
-        with self._lock:
-            out = []
-            for name in sorted(self._nodes):
-                n = self._nodes[name]
-                for d in sorted(n.by_uuid.values(), key=lambda d: (d.vendor, d.index)):
-                    u = n.usage.get(d.uuid) or DeviceUsage()
-                    out.append(
-                        CardStat(name, d.uuid, d.index, d.type, d.vendor, d.count, u.used, d.devmem, u.usedmem,
-                                 d.devcore, u.usedcores, d.health)
-                    )  # fmt: skip
-            return out
-
-    def usage_snapshot(self) -> dict[str, dict[str, tuple[int, int, int]]]:
-        """node -> card uuid -> (slots, MiB, percent) for cards with any usage (comparisons in tests)."""
-        with self._lock:
-            return {
-                name: {
-                    u: (x.used, x.usedmem, x.usedcores)
-                    for u, x in n.usage.items()
-                    if x.used or x.usedmem or x.usedcores
-                }
-                for name, n in self._nodes.items()
-            }
-
-    def pod_grants(self) -> list[tuple[str, str, str, tuple[CardGrant, ...]]]:
-        """Every counted pod as (namespace, name, node, collapsed card grants), for per-pod metrics."""
-        with self._lock:
-            return [(p.namespace, p.name, p.node, p.grants) for p in self._pods.values()]
-
-    def quota_stats(self) -> list[tuple[str, str, int, int]]:
-        """(namespace, resource, used, limit) for every quota-limited resource (HAMi's quota metrics)."""
-        return self.quota.snapshot()
-
-    def pod_node(self, uid: str) -> str | None:
-        """The node a pod is counted on (reserved or confirmed), or None."""
-        with self._lock:
-            p = self._pods.get(uid)
-            return p.node if p else None
-
-    def node_names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._nodes)
-
-    def node_unusable_reason(self, name: str) -> str | None:
-        with self._lock:
-            n = self._nodes.get(name)
-            return "node unregistered" if n is None else n.unusable
-
-    def node_scores(self, names: Sequence[str]) -> dict[str, float]:
-        """Each known node's utilisation score before the next pod (0..30, `hami.scoring.node_score`, the
-        binpack/spread order of `filter`); names not registered are left out."""
-        with self._lock:
-            return {n: self._nodes[n].current_score() for n in names if n in self._nodes}
 
     def fitting_nodes(
         self, pod: Mapping[str, Any], node_names: Sequence[str]
