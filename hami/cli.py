@@ -1,4 +1,4 @@
-"""The `hami` command: a thin dispatcher over subcommands (`simulate`, `inspect`, `explain`).
+"""The `hami` command: a thin dispatcher over subcommands (`simulate`, `inspect`, `explain`, `snapshot`).
 
 Users see one line on stderr and exit status 2 for anything wrong with what they gave us (a flag, a
 file, a row), never a traceback; an unexpected failure is one line and status 1 (set HAMI_DEBUG=1 to
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     from hami.tools.command import add_commands
 
     add_commands(sub)
+    from hami.tools.clusteryaml import add_command as add_snapshot
+
+    add_snapshot(sub)
     return parser
 
 
@@ -66,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         if getattr(args, "run", None) is not None:
-            return args.run(args)  # inspect, explain (hami.tools.command): they map their own errors
+            return args.run(args)  # inspect, explain, snapshot (hami.tools): they map their own errors
         from hami.simulate.command import run_simulate
 
         return run_simulate(args)

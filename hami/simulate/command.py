@@ -65,6 +65,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="size of the built-in cluster and workload (default %(default)s)",
     )
     inputs.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="the live cluster (read-only LIST of nodes and pods, as hami snapshot) as the nodes, and its own "
+        "pods, resampled with --seed, as the workload unless --pods is given",
+    )
+    inputs.add_argument("--kubeconfig", metavar="FILE",
+                        help="with --from-cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")  # fmt: skip
+    inputs.add_argument("--context", metavar="NAME", help="with --from-cluster: kubeconfig context")
+    inputs.add_argument(
         "--vendors",
         metavar="VENDOR=SHARE,...",
         help="built-in mixed-vendor fleet: node shares per vendor, e.g. nvidia=70,ascend=10,cambricon=10,amd=10 "
@@ -299,12 +308,24 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
 
 def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
-    """Nodes and pods from the files given (openb CSV or YAML by suffix/content), the generator for the rest."""
+    """Nodes and pods from the files given (openb CSV or YAML by suffix/content) or the live cluster
+    (`--from-cluster`), the generator for the rest."""
     for flag, value in (("--nodes", args.nodes), ("--pods", args.pods)):
         if value is not None and not value.strip():
             raise InvalidRequest(f"{flag}: empty file name")
     models = parse_gpu_models(args.gpu_models)
     size_nodes, size_pods = _generate_size(args.generate)
+    if not getattr(args, "from_cluster", False):
+        for flag, value in (
+            ("--kubeconfig", getattr(args, "kubeconfig", None)),
+            ("--context", getattr(args, "context", None)),
+        ):
+            if value is not None:
+                raise InvalidRequest(f"{flag}: only with --from-cluster")
+    elif args.nodes is not None or getattr(args, "vendors", None):
+        raise InvalidRequest(
+            "--from-cluster: the cluster is the nodes; drop " + ("--nodes" if args.nodes else "--vendors")
+        )
     if getattr(args, "vendors", None):
         if args.nodes is not None or args.pods is not None:
             raise InvalidRequest("--vendors: only for the built-in generated fleet; drop --nodes and --pods")
@@ -312,7 +333,12 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
         return generate_mixed(config=config, shares=shares, nodes=size_nodes, pods=size_pods, seed=args.seed)
     nodes: list[SimNode]
     pods: list[SimPod]
-    if args.nodes is not None:
+    from_cluster: list[SimPod] | None = None
+    if getattr(args, "from_cluster", False):
+        from hami.simulate.fromcluster import cluster_input
+
+        nodes, from_cluster, nodes_source = cluster_input(args, config, with_pods=args.pods is None)
+    elif args.nodes is not None:
         if _is_yaml(args.nodes):
             nodes = kubeyaml.load_nodes(args.nodes, config=config)
         else:
@@ -321,7 +347,10 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
     else:
         nodes = generate_nodes(size_nodes, config=config, seed=args.seed)
         nodes_source = f"built-in generator (seed {args.seed}, {size_nodes} nodes)"
-    if args.pods is not None:
+    if from_cluster is not None:
+        pods = from_cluster
+        pods_source = f"{nodes_source} pods (resampled, seed {args.seed})"
+    elif args.pods is not None:
         if _is_yaml(args.pods):
             pods = kubeyaml.load_pods(args.pods, config=config)
         else:

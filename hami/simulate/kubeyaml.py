@@ -34,11 +34,12 @@ from hami.vendors import build_vendors
 UNLIMITED = 1 << 50
 
 
-def _documents(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, object) for every object in the file, `List` items expanded."""
+def _documents(path: str | Path, text: str | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, object) for every object in the file (or in `text`, named `path`), `List` items expanded."""
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        if text is None:
+            text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise TraceError(source, None, f"cannot read: {e.strerror}") from None
     except UnicodeDecodeError:
@@ -139,8 +140,10 @@ def _check_resources(c: Mapping[str, Any], *, source: str, line: int, where: str
                 )
 
 
-def _kind_objects(path: str | Path, kind: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    for line, obj in _documents(path):
+def _kind_objects(
+    path: str | Path, kind: str, text: str | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    for line, obj in _documents(path, text):
         if obj.get("kind") == kind:
             yield line, obj
 
@@ -153,8 +156,9 @@ def _name(obj: Mapping[str, Any], *, source: str, line: int, kind: str) -> str:
     return name
 
 
-def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
-    """Every `kind: Node` in the file. Cards come from the inventory of every enabled vendor (registration
+def load_nodes(path: str | Path, *, config: DeviceConfig, text: str | None = None) -> list[SimNode]:
+    """Every `kind: Node` in the file (or in `text`, YAML named `path` in errors). Cards come from the
+    inventory of every enabled vendor (registration
     annotations such as `hami.io/node-nvidia-register`, or node capacity such as Cambricon's
     `cambricon.com/mlu.smlu.vcore`); a node without any is a CPU-only node.
     CPU/memory/pods from `status.allocatable`, else `status.capacity`, else unlimited / 110 pods.
@@ -167,7 +171,7 @@ def load_nodes(path: str | Path, *, config: DeviceConfig) -> list[SimNode]:
     vendors = build_vendors(config)
     nodes: list[SimNode] = []
     seen: set[str] = set()
-    for line, obj in _kind_objects(path, "Node"):
+    for line, obj in _kind_objects(path, "Node", text):
         name = _name(obj, source=source, line=line, kind="Node")
         if name in seen:
             raise TraceError(source, line, f"Node {name}: duplicate node name")
@@ -249,8 +253,9 @@ def _container_cpu_mem(c: Mapping[str, Any], *, source: str, line: int, where: s
     return cpu, mem
 
 
-def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
-    """Every `kind: Pod` in the file, mutated as the webhook would and ready for the extender's filter.
+def load_pods(path: str | Path, *, config: DeviceConfig, text: str | None = None) -> list[SimPod]:
+    """Every `kind: Pod` in the file (or in `text`, YAML named `path` in errors), mutated as the webhook
+    would and ready for the extender's filter.
 
     CPU/memory = max(sum of app containers and native sidecars, each init container plus the sidecars
     declared before it) of requests (limits when requests are absent), Kubernetes' rule. GPU demand
@@ -263,7 +268,7 @@ def load_pods(path: str | Path, *, config: DeviceConfig) -> list[SimPod]:
     """
     source = str(path)
     vendors = build_vendors(config)
-    raw: list[tuple[int, dict[str, Any]]] = list(_kind_objects(path, "Pod"))
+    raw: list[tuple[int, dict[str, Any]]] = list(_kind_objects(path, "Pod", text))
     if not raw:
         raise TraceError(source, None, "no object of kind Pod")
     created: list[float | None] = []
