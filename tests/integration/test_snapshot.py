@@ -63,7 +63,9 @@ def test_snapshot_loads_back_to_the_registered_cards_and_the_allocations(
     demo: FakeApiServer, kubeconfig: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "snap"
+    before = demo.store.resource_version
     assert cli.main(["snapshot", "--out", str(out), "--kubeconfig", kubeconfig]) == 0
+    assert demo.store.resource_version == before  # read-only: no write reached the API server
     nodes_want, pods_want = _by_kind("Node"), _by_kind("Pod")
     assert capsys.readouterr().out == (
         f"snapshot: {len(nodes_want)} nodes to {out / 'nodes.yaml'}, {len(pods_want)} pods to {out / 'pods.yaml'}\n"
@@ -123,8 +125,9 @@ def test_from_cluster_is_the_replay_of_the_snapshot(
     demo: FakeApiServer, kubeconfig: str, tmp_path: Path
 ) -> None:
     assert cli.main(["snapshot", "--out", str(tmp_path), "--kubeconfig", kubeconfig]) == 0
+    before = demo.store.resource_version
     code, live = _json("simulate", "--from-cluster", "--kubeconfig", kubeconfig, "--json", "--seed", "2")
-    assert code == 0
+    assert code == 0 and demo.store.resource_version == before
     assert (live["nodes"], live["gpus"], live["pods"] > 0) == (7, 18, True)
     assert live["nodes_source"] == "cluster" and live["pods_source"] == "cluster pods (resampled, seed 2)"
     assert 0 < live["gpu_allocation_ratio"] <= 1 and live["scheduled"] > 0
