@@ -291,6 +291,11 @@ class ClusterSync:
             return
         self._pod_event(new)
 
+    def _ours(self, spec: dict[str, Any]) -> bool:
+        """Whether ClusterState counts this pod as placed by us (hami/cluster.py `upsert_pod`)."""
+        name = self.state.scheduler_name
+        return not name or spec.get("schedulerName") == name
+
     def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
         """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
         scheduler name, node name, phase, the container lists and init container states."""
@@ -303,7 +308,9 @@ class ClusterSync:
             meta.get("uid"),
             tuple(annos.get(k) for k in keys),
             spec.get("schedulerName"),
-            spec.get("nodeName"),  # another scheduler's Binding: its CPU is counted on that node
+            # Another scheduler's Binding: its CPU is counted on that node. Our own pods are counted
+            # on the node their annotations name, so their Binding stays a no-op here (bind hot path).
+            None if self._ours(spec) else spec.get("nodeName"),
             spec.get("containers"),
             spec.get("initContainers"),
             status.get("phase"),
