@@ -30,10 +30,8 @@ learned distribution has drifted (total variation distance), so memoised terms s
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from hami import objects, pods

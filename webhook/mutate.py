@@ -31,9 +31,9 @@ from hami.errors import InvalidRequest
 from hami.quota import containers_demand
 from hami.vendors.base import Vendor
 from webhook import rules
-from webhook.views import NamespaceView, QuotaView
 from webhook.patch import diff, json_copy
 from webhook.review import AdmissionRequest, Decision, allow, deny
+from webhook.views import NamespaceView, QuotaView
 
 DEFAULT_SCHEDULER = "default-scheduler"
 

@@ -10,7 +10,6 @@ import logging
 import random
 
 import aiohttp
-import pytest
 
 from tests.builders import cards, gpu_node, gpu_pod
 from tests.integration.extender_harness import Scheduler, create_pod, dp_allocated, start_extender, wait_ready

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from cryptography import x509
 
-from webhook.devcerts import CA, make_ca, make_server_cert, write_pair
 from tests.integration.extender_harness import start_extender, wait_ready
+from webhook.devcerts import CA, make_ca, make_server_cert, write_pair
 
 
 def client_ssl(*cas: CA) -> ssl.SSLContext:
