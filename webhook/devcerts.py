@@ -36,8 +36,9 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def make_ca(common_name: str = "hami-webhook-test-ca") -> CA:
-    """A new P-256 CA valid for one day (enough for any test run)."""
+def make_ca(common_name: str = "hami-webhook-test-ca", *, validity: dt.timedelta = dt.timedelta(days=1)) -> CA:
+    """A new P-256 CA valid for `validity` (default one day, enough for any test run), from 5 minutes ago
+    (clock skew between nodes)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (
@@ -47,7 +48,7 @@ def make_ca(common_name: str = "hami-webhook-test-ca") -> CA:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(_now() - dt.timedelta(minutes=5))
-        .not_valid_after(_now() + dt.timedelta(days=1))
+        .not_valid_after(_now() + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -69,9 +70,14 @@ def make_ca(common_name: str = "hami-webhook-test-ca") -> CA:
 
 
 def make_server_cert(
-    ca: CA, *, dns_names: tuple[str, ...] = ("localhost",), ips: tuple[str, ...] = ("127.0.0.1",)
+    ca: CA,
+    *,
+    dns_names: tuple[str, ...] = ("localhost",),
+    ips: tuple[str, ...] = ("127.0.0.1",),
+    validity: dt.timedelta = dt.timedelta(days=1),
 ) -> tuple[bytes, bytes]:
-    """A serving certificate signed by `ca` with the SANs given: (certificate PEM, PKCS#8 key PEM)."""
+    """A serving certificate signed by `ca` with the SANs given, valid for `validity` (default one day)
+    from 5 minutes ago: (certificate PEM, PKCS#8 key PEM)."""
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -84,7 +90,7 @@ def make_server_cert(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(_now() - dt.timedelta(minutes=5))
-        .not_valid_after(_now() + dt.timedelta(days=1))
+        .not_valid_after(_now() + validity)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)

@@ -43,71 +43,30 @@ class Api(Protocol):
 
 
 def make_certificates(hosts: Sequence[str], *, validity_days: int) -> tuple[bytes, bytes, bytes]:
-    """A new P-256 CA and a serving certificate it signs for `hosts` (DNS names or IPs, SANs).
+    """A new P-256 CA and a serving certificate it signs for `hosts` (DNS names or IPs, SANs), both valid
+    for `validity_days` days from 5 minutes ago (clock skew between nodes); built by the project's own
+    `webhook.devcerts`, which this image installs.
 
     Returns ``(ca_pem, cert_pem, key_pem)``. Raises ValueError for no hosts or a non-positive validity.
     """
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from webhook.devcerts import make_ca, make_server_cert
 
     if not hosts:
         raise ValueError("--hosts: want at least one DNS name")
     if validity_days < 1:
         raise ValueError(f"--validity-days {validity_days}: want 1 or more")
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)  # tolerate clock skew between nodes
-    until = now + dt.timedelta(days=validity_days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "hami-webhook-ca")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(until)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )  # fmt: skip
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = []
+    validity = dt.timedelta(days=validity_days)
+    dns: list[str] = []
+    ips: list[str] = []
     for h in hosts:
         try:
-            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+            ipaddress.ip_address(h)
+            ips.append(h)
         except ValueError:
-            sans.append(x509.DNSName(h))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now)
-        .not_valid_after(until)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    key_pem = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    return ca.public_bytes(pem), cert.public_bytes(pem), key_pem
+            dns.append(h)
+    ca = make_ca("hami-webhook-ca", validity=validity)
+    cert_pem, key_pem = make_server_cert(ca, dns_names=tuple(dns), ips=tuple(ips), validity=validity)
+    return ca.cert_pem, cert_pem, key_pem
 
 
 def create(api: Api, *, namespace: str, secret_name: str, hosts: Sequence[str], validity_days: int) -> str:
