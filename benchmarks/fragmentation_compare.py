@@ -7,6 +7,10 @@ over the seeds. Same replay as `hami simulate --compare ...` (hami.simulate.engi
 
     python benchmarks/fragmentation_compare.py [--data-dir DIR] [--traces default,gpushare40,...]
         [--policies binpack,spread,spread/binpack,fragmentation] [--seeds 1,2,3,4,5] [--arrival 130]
+        [--jobs N]   # (trace, seed) pairs in N processes at once; lines come out in the same order
+
+With `--jobs` above 1 the runs share the machine's cores, so decision times are per run on a busy
+machine only when there are fewer free cores than jobs (the script prints the load average at the end).
 
 Results and the command line are recorded in docs/benchmarks.md. Never run as a test.
 """
@@ -14,9 +18,11 @@ Results and the command line are recorded in docs/benchmarks.md. Never run as a 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from hami.config import DeviceConfig
@@ -27,6 +33,27 @@ from hami.simulate.workload import Workload
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "alibaba-gpu-v2023"
 
 
+def _runs(
+    data_dir: Path, trace: str, seed: int, policies: list[str], arrival: float
+) -> list[tuple[str, float, str]]:
+    """(policy label, GPU allocation percent, printed line) of each policy on one (trace, seed)."""
+    cfg = DeviceConfig()
+    nodes_csv = data_dir / "openb_node_list_gpu_node.csv"
+    pods_csv = data_dir / f"openb_pod_list_{trace}.csv"
+    workload = Workload(openb.load_nodes(nodes_csv, config=cfg), openb.load_pods(pods_csv, config=cfg))
+    out = []
+    for policy in map(parse_policy, policies):
+        t0 = time.perf_counter()
+        r = run(workload, config=cfg, policy=policy, mode=Mode.FILL, arrival=arrival, seed=seed)
+        line = (
+            f"{trace:<12} seed {seed}  {policy.label:<16} GPU alloc {r.gpu_allocation_ratio * 100:6.2f} %  "
+            f"failed {r.failed:5d}  p50/p99 {r.decision_percentile_ms(50):.2f}/"
+            f"{r.decision_percentile_ms(99):.2f} ms  {time.perf_counter() - t0:5.1f} s"
+        )
+        out.append((policy.label, r.gpu_allocation_ratio * 100, line))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", type=Path, default=DATA)
@@ -34,36 +61,41 @@ def main() -> int:
     ap.add_argument("--policies", default="binpack,spread,spread/binpack,fragmentation")
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--arrival", type=float, default=130.0)
+    ap.add_argument("--jobs", type=int, default=1, help="(trace, seed) pairs run at once (processes)")
     args = ap.parse_args()
-    cfg = DeviceConfig()
-    nodes_csv = args.data_dir / "openb_node_list_gpu_node.csv"
-    if not nodes_csv.exists():
+    if not (args.data_dir / "openb_node_list_gpu_node.csv").exists():
         print(f"no trace at {args.data_dir} (give --data-dir)", file=sys.stderr)
         return 2
-    policies = [parse_policy(p) for p in args.policies.split(",")]
+    policies = args.policies.split(",")
+    labels = [parse_policy(p).label for p in policies]
     seeds = [int(s) for s in args.seeds.split(",")]
+    pairs = [(t, s) for t in args.traces.split(",") for s in seeds]
+    got: dict[tuple[str, str], list[float]] = {}
+    jobs = max(1, args.jobs)
+    if jobs > 1:
+        pool = ProcessPoolExecutor(jobs)
+        results = [pool.submit(_runs, args.data_dir, t, s, policies, args.arrival) for t, s in pairs]
+        outputs = (f.result() for f in results)
+    else:
+        outputs = (_runs(args.data_dir, t, s, policies, args.arrival) for t, s in pairs)
+    for (trace, _), output in zip(pairs, outputs, strict=True):
+        for label, pct, line in output:
+            got.setdefault((trace, label), []).append(pct)
+            print(line, flush=True)
     summary = []
     for trace in args.traces.split(","):
-        pods_csv = args.data_dir / f"openb_pod_list_{trace}.csv"
-        workload = Workload(openb.load_nodes(nodes_csv, config=cfg), openb.load_pods(pods_csv, config=cfg))
-        got: dict[str, list[float]] = {p.label: [] for p in policies}
-        for seed in seeds:
-            for policy in policies:
-                t0 = time.perf_counter()
-                r = run(workload, config=cfg, policy=policy, mode=Mode.FILL, arrival=args.arrival, seed=seed)
-                got[policy.label].append(r.gpu_allocation_ratio * 100)
-                print(
-                    f"{trace:<12} seed {seed}  {policy.label:<16} GPU alloc {r.gpu_allocation_ratio * 100:6.2f} %  "
-                    f"failed {r.failed:5d}  p50/p99 {r.decision_percentile_ms(50):.2f}/"
-                    f"{r.decision_percentile_ms(99):.2f} ms  {time.perf_counter() - t0:5.1f} s",
-                    flush=True,
-                )
-        for label, xs in got.items():
+        for label in labels:
+            xs = got[(trace, label)]
             sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-            summary.append(f"{trace:<12} {label:<16} mean {statistics.mean(xs):6.2f} %  "
-                           f"min..max {min(xs):6.2f}..{max(xs):6.2f}  sd {sd:.2f}  (n={len(xs)})")
-    print("\nsummary (GPU allocation at %g %% arrivals):" % args.arrival)
+            summary.append(
+                f"{trace:<12} {label:<16} mean {statistics.mean(xs):6.2f} %  "
+                f"min..max {min(xs):6.2f}..{max(xs):6.2f}  sd {sd:.2f}  (n={len(xs)})"
+            )
+    print(f"\nsummary (GPU allocation at {args.arrival:g} % arrivals):")
     print("\n".join(summary))
+    print(
+        f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; jobs {jobs}, cpus {os.cpu_count()}"
+    )
     return 0
 
 
