@@ -13,17 +13,19 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
 import yaml
 
 from hami.config import CARD_POLICIES, NODE_POLICIES, DeviceConfig, load_config_file
-from hami.errors import ConfigError, InvalidRequest
+from hami.errors import ApiError, ConfigError, InvalidRequest
 from hami.simulate import kubeyaml, openb
 from hami.simulate.engine import Mode, Policy, RunResult, parse_policy, run
 from hami.simulate.generate import DEFAULT_NODES, DEFAULT_PODS, generate_nodes, generate_pods
 from hami.simulate.mixed import VENDOR_NAMES, config_for, generate_mixed, parse_vendor_shares
+from hami.simulate.start import Placed, begin, split
 from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, Workload, parse_gpu_models
 
 YAML_SUFFIXES = (".yaml", ".yml", ".json")
@@ -74,6 +76,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="with --from-cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")  # fmt: skip
     inputs.add_argument("--context", metavar="NAME", help="with --from-cluster: kubeconfig context")
     inputs.add_argument(
+        "--from-empty",
+        action="store_true",
+        help="start from empty cards: the pods already placed in the cluster (or in a YAML pods file) are not "
+        "kept in place",
+    )
+    inputs.add_argument(
         "--vendors",
         metavar="VENDOR=SHARE,...",
         help="built-in mixed-vendor fleet: node shares per vendor, e.g. nvidia=70,ascend=10,cambricon=10,amd=10 "
@@ -107,6 +115,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     pol.add_argument(
         "--compare", metavar="P1,P2,...", help="run several policies on the same input, one table"
+    )
+    wif = p.add_argument_group("what-if (how many more pods of one shape fit, per policy)")
+    wif.add_argument(
+        "--what-if-shape",
+        metavar="NAME=QTY,...",
+        action="append",
+        help="count the pods of this shape that fit from the start state under each policy, e.g. "
+        "nvidia.com/gpu=1,nvidia.com/gpumem=8000,nvidia.com/gpucores=30,cpu=4 (names: cpu, memory and the "
+        "vendors' resource names; repeat the flag for several shapes)",
+    )
+    wif.add_argument(
+        "--current-policy",
+        metavar="POLICY",
+        help="with --what-if-shape: the policy the counts are compared with (default: the config's policies)",
     )
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
@@ -307,9 +329,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
             raise InvalidRequest(f"--report: cannot create directory {args.report}: {e.strerror}") from None
 
 
-def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
+def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workload, Placed]:
     """Nodes and pods from the files given (openb CSV or YAML by suffix/content) or the live cluster
-    (`--from-cluster`), the generator for the rest."""
+    (`--from-cluster`), the generator for the rest; and the pods already placed (`hami.simulate.start`):
+    the cluster's with `--from-cluster`, else those of a YAML pods file."""
     for flag, value in (("--nodes", args.nodes), ("--pods", args.pods)):
         if value is not None and not value.strip():
             raise InvalidRequest(f"{flag}: empty file name")
@@ -330,14 +353,18 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
         if args.nodes is not None or args.pods is not None:
             raise InvalidRequest("--vendors: only for the built-in generated fleet; drop --nodes and --pods")
         shares = parse_vendor_shares(args.vendors)
-        return generate_mixed(config=config, shares=shares, nodes=size_nodes, pods=size_pods, seed=args.seed)
+        mixed = generate_mixed(config=config, shares=shares, nodes=size_nodes, pods=size_pods, seed=args.seed)
+        return mixed, Placed([])
     nodes: list[SimNode]
     pods: list[SimPod]
     from_cluster: list[SimPod] | None = None
+    placed = Placed([])
     if getattr(args, "from_cluster", False):
         from hami.simulate.fromcluster import cluster_input
 
-        nodes, from_cluster, nodes_source = cluster_input(args, config, with_pods=args.pods is None)
+        with_pods = args.pods is None and not getattr(args, "what_if_shape", None)
+        got = cluster_input(args, config, with_pods=with_pods)
+        nodes, from_cluster, nodes_source, placed = got.nodes, got.pods, got.source, got.placed
     elif args.nodes is not None:
         if _is_yaml(args.nodes):
             nodes = kubeyaml.load_nodes(args.nodes, config=config)
@@ -352,7 +379,9 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
         pods_source = f"{nodes_source} pods (resampled, seed {args.seed})"
     elif args.pods is not None:
         if _is_yaml(args.pods):
-            pods = kubeyaml.load_pods(args.pods, config=config)
+            in_file, pods = split(kubeyaml.load_pods(args.pods, config=config), config)
+            if not getattr(args, "from_cluster", False):
+                placed = Placed(in_file, args.pods, in_workload=True)
         else:
             pods = openb.load_pods(args.pods, config=config, gpu_models=models)
         pods_source = args.pods
@@ -362,9 +391,10 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> Workload:
             size_pods, config=config, gpu_capacity=max(capacity, 1.0), seed=args.seed, gpu_models=models
         )
         pods_source = f"built-in generator (seed {args.seed}, {size_pods} pods)"
-    return Workload(
+    workload = Workload(
         nodes=nodes, pods=pods, nodes_source=nodes_source, pods_source=pods_source, gpu_models=models
     )
+    return workload, placed
 
 
 def _check_workload(workload: Workload, mode: Mode) -> None:
@@ -417,8 +447,24 @@ def run_simulate(
             f"capacity above 0 and at most {MAX_ARRIVAL:g} (e.g. 130)"
         )
     _check_outputs(args)
-    workload = load_workload(args, config)
-    _check_workload(workload, mode)
+    try:
+        workload, placed = load_workload(args, config)
+    except ApiError as e:
+        from hami.simulate.fromcluster import api_error_status
+
+        return api_error_status(e)
+    from_empty = getattr(args, "from_empty", False)
+    what_if = getattr(args, "what_if_shape", None)
+    # The what-if needs GPUs in the cluster, not a workload.
+    _check_workload(replace(workload, pods=[]) if what_if else workload, Mode.TRACE if what_if else mode)
+    trace = mode is Mode.TRACE and not what_if
+    kept_pods, start = begin(placed, workload.nodes, config=config, trace=trace, from_empty=from_empty)
+    if what_if:
+        from hami.simulate.whatif import run_what_if
+
+        return run_what_if(args, config, workload, kept_pods, policies, start=start, stdout=stdout)
+    if getattr(args, "current_policy", None) is not None:
+        raise InvalidRequest("--current-policy: only with --what-if-shape")
     if args.progress and args.no_progress:
         raise InvalidRequest("--progress: not together with --no-progress")
     show_progress = not args.no_progress and stderr.isatty()
@@ -441,12 +487,18 @@ def run_simulate(
                     placements=args.placements is not None,
                     annotations=args.annotations is not None,
                     progress=bar,
+                    placed=kept_pods,
                 )
             )
         finally:
             if bar is not None:
                 bar.close()
     payload = results_json(results, workload, compare=compare)
+    # The start state is the same for every policy; said only where the input can hold placed pods.
+    say_start = bool(placed.source) or from_empty
+    if say_start:
+        for one in payload.values() if compare else (payload,):
+            one["start"] = start.json()
     # Files first, then stdout: a reader that closes the pipe early (`| head`) must not cost the files.
     notes = []
     if args.placements is not None:
@@ -465,7 +517,12 @@ def run_simulate(
         json.dump(payload, stdout, indent=2)
         stdout.write("\n")
     else:
-        stdout.write(summary_text(results, workload) + "\n")
+        text = summary_text(results, workload)
+        if say_start:
+            lines = text.split("\n")
+            at = next((i + 1 for i, line in enumerate(lines) if line.startswith("workload:")), 0)
+            text = "\n".join([*lines[:at], start.text(), *lines[at:]])
+        stdout.write(text + "\n")
         for note in notes:
             stdout.write(note)
     return 0

@@ -331,7 +331,12 @@ class _Replay:
     """One policy's replay: the core's ClusterState, kube-scheduler's resource view, and the figures."""
 
     def __init__(
-        self, workload: Workload, config: DeviceConfig, result: RunResult, curve_step: float
+        self,
+        workload: Workload,
+        config: DeviceConfig,
+        result: RunResult,
+        curve_step: float,
+        placed: Sequence[tuple[str, SimPod]] = (),
     ) -> None:
         self.state = ClusterState(config=config, vendors=build_vendors(config))
         for n in workload.nodes:
@@ -339,6 +344,7 @@ class _Replay:
         self.card_type = {c.uuid: c.type for n in workload.nodes for c in n.cards}
         self.res = _Resources(workload.nodes)
         self.usage = _Usage(workload.nodes)
+        self.keep(placed)
         self.capacity = self.usage.devcore / 100  # cards
         self.result = result
         self.where: dict[str, tuple[int, SimPod, list[tuple[str, int, int]]]] = {}
@@ -349,6 +355,20 @@ class _Replay:
         self.next_check = 10.0
         self.next_curve = curve_step
         self.check_limit = result.arrival_target if result.arrival_target is not None else float("inf")
+
+    def keep(self, placed: Sequence[tuple[str, SimPod]]) -> None:
+        """Pods already on a node at the start (node name, pod whose `obj` carries its allocation
+        annotations): their CPU, memory and pod slot taken there, their cards counted as the extender
+        counts a listed pod (`ClusterState.upsert_pod`). They never leave. Pods on a node that is not in
+        the input are skipped (callers count those)."""
+        for k, (node, pod) in enumerate(placed):
+            i = self.res.index.get(node)
+            if i is None:
+                continue
+            self.res.take(i, pod.cpu_milli, pod.memory_mib)
+            self.state.upsert_pod({**pod.obj, "metadata": {**pod.obj["metadata"], "uid": f"placed-{k}"}})
+        for _, _, _, grants in self.state.pod_grants():
+            self.usage.apply(self.usage.held(grants), +1)
 
     @property
     def arrived_pct(self) -> float:
@@ -483,6 +503,9 @@ def run(
     annotations: bool = False,
     curve_step: float = 1.0,
     progress: Progress | None = None,
+    placed: Sequence[tuple[str, SimPod]] = (),
+    max_pods: int | None = None,
+    stop_at_failure: bool = False,
 ) -> RunResult:
     """Replay `workload` under `policy` and return the figures (and the placements and the extender's
     annotations per scheduled GPU pod, when asked; `hami.io/vgpu-time` is the trace time in trace mode
@@ -492,6 +515,9 @@ def run(
     arrived demand, curve points (for plots) every `curve_step` % in fill mode and at 500 evenly spaced
     events in trace mode. `gpu_allocation_ratio` etc. are the state at the end; the `peak_*` fields the
     highest GPU allocation seen (what trace mode is about: at its end every pod has left).
+    `placed` (node name, pod) are on their nodes before the first arrival (`_Replay.keep`); arrivals
+    count only the pods submitted. Fill mode also stops after `max_pods` submissions, and with
+    `stop_at_failure` after the first pod that does not fit (the what-if of `hami.simulate.whatif`).
     Raises InvalidRequest when the input cannot be replayed in `mode`: no GPU in the cluster; fill mode
     without a GPU pod; trace mode with pods that have no creation time.
     """
@@ -523,7 +549,7 @@ def run(
                 f"--mode trace needs a creation time for every pod; {len(missing)} pods have none "
                 f"(first: {missing[0]}); use --mode fill for pod lists without times"
             )
-    replay = _Replay(workload, cfg, result, curve_step if mode is Mode.FILL else float("inf"))
+    replay = _Replay(workload, cfg, result, curve_step if mode is Mode.FILL else float("inf"), placed)
     started = time.perf_counter()
     if mode is Mode.FILL:
         rng = random.Random(seed)
@@ -534,7 +560,7 @@ def run(
         # row of the outputs names one pod.
         given = {p.name for p in pool}
         seq = 0
-        while replay.arrived < target:
+        while replay.arrived < target and (max_pods is None or seq < max_pods):
             pod = pool[rng.randrange(len(pool))]
             drawn[pod.name] += 1
             k = drawn[pod.name]
@@ -544,6 +570,8 @@ def run(
             replay.stamp = float(seq)
             replay.submit(pod, f"sim-{seq}", name)
             seq += 1
+            if stop_at_failure and result.failed:
+                break
             if pod.is_gpu:
                 replay.sample()
                 if progress is not None and seq % 32 == 0:

@@ -9,52 +9,43 @@ The workload, unless ``--pods FILE`` gives one, is the cluster's own pods as sha
 (running, pending or finished) with its placement taken off (``spec.nodeName``, ``status`` and every
 vendor's allocation annotations, `hami.io/vgpu-node`, `hami.io/vgpu-time`, `hami.io/bind-phase`), so the
 fill mode resamples them (``--seed``) onto the cluster's cards as the extender would place them today.
-The replay starts from empty cards: the pods' current allocations are not kept in place.
+The replay starts from the cluster as it is: the placed pods (`hami.simulate.start`: on a node, not
+finished, not being deleted) keep their cards, CPU, memory and pod slots, unless ``--from-empty``.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from dataclasses import dataclass
 
-import yaml
-
-from hami import annotations as A
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
 from hami.simulate import kubeyaml
+from hami.simulate.start import Placed, placement_keys, split, unplaced
 from hami.simulate.workload import SimNode, SimPod
 from hami.tools.clusteryaml import list_cluster, render
-from hami.vendors import build_vendors
 
 #: Where errors and the summary name the input.
 SOURCE = "cluster"
 
 
-def _placement_keys(config: DeviceConfig) -> set[str]:
-    keys = {A.ASSIGNED_NODE, A.ASSIGNED_TIME, A.BIND_PHASE}
-    for vendor in build_vendors(config).values():
-        keys.update(vendor.allocation_keys())
-    return keys
+@dataclass(frozen=True, slots=True)
+class ClusterInput:
+    """The live cluster read once: its nodes, its pods as workload shapes (None when the caller gives the
+    workload), its placed pods, and the name the summary gives it."""
+
+    nodes: list[SimNode]
+    pods: list[SimPod] | None
+    placed: Placed
+    source: str
 
 
-def unplaced(pod: dict[str, Any], keys: set[str]) -> dict[str, Any]:
-    """`pod` (a `clusteryaml.pod_yaml` object) as a new arrival: no node, no status, no allocation keys."""
-    meta = dict(pod.get("metadata") or {})
-    annos = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in keys}
-    meta["annotations"] = annos
-    meta.pop("deletionTimestamp", None)
-    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k != "nodeName"}
-    return {**{k: v for k, v in pod.items() if k != "status"}, "metadata": meta, "spec": spec}
+def cluster_input(args: argparse.Namespace, config: DeviceConfig, *, with_pods: bool) -> ClusterInput:
+    """The live cluster (`args.kubeconfig`, `args.context`) as the simulator's input.
 
-
-def cluster_input(
-    args: argparse.Namespace, config: DeviceConfig, *, with_pods: bool
-) -> tuple[list[SimNode], list[SimPod] | None, str]:
-    """(nodes, pods or None when `with_pods` is False, source name) of the live cluster.
-
-    Raises `InvalidRequest` for a bad kubeconfig or a cluster without pods (when they are the workload),
-    `hami.errors.ApiError` when the API server cannot be reached or refuses the LIST.
+    Raises `InvalidRequest` for a bad kubeconfig, a cluster without nodes, or one without pods when they
+    are the workload (`with_pods`); `hami.errors.ApiError` when the API server cannot be reached
+    (reason ``Transport``) or refuses the LIST (401/403).
     """
     listed = list_cluster(args.kubeconfig, args.context)
     context = f" (context {args.context})" if args.context else ""
@@ -63,17 +54,27 @@ def cluster_input(
     if not listed.nodes:
         raise InvalidRequest(f"{source}: the API server lists no Node")
     nodes = kubeyaml.load_nodes(f"{source} nodes", config=config, text=nodes_text)
-    if not with_pods:
-        return nodes, None, source
     if not listed.pods:
-        raise InvalidRequest(
-            f"{source}: the API server lists no Pod to resample; give the workload with --pods FILE"
-        )
-    keys = _placement_keys(config)
-    items = yaml.safe_load(pods_text)["items"]
-    text = yaml.safe_dump({"kind": "List", "items": [unplaced(p, keys) for p in items]}, sort_keys=False)
-    pods = kubeyaml.load_pods(f"{source} pods", config=config, text=text)
-    return nodes, pods, source
+        if with_pods:
+            raise InvalidRequest(
+                f"{source}: the API server lists no Pod to resample; give the workload with --pods FILE"
+            )
+        return ClusterInput(nodes, None, Placed([], source), source)
+    loaded = kubeyaml.load_pods(f"{source} pods", config=config, text=pods_text)
+    placed, shapes = split(loaded, config)
+    return ClusterInput(nodes, shapes if with_pods else None, Placed(placed, source, with_pods), source)
 
 
-__all__ = ("cluster_input", "unplaced")
+def api_error_status(e: BaseException) -> int:
+    """Print `e` (an error of the cluster LIST) as `hami inspect` and `hami snapshot` do, one line on
+    stderr with a hint, and return their exit status: 3 when the API server cannot be reached, 4 when the
+    LIST is forbidden (401/403), 2 for a bad kubeconfig, 1 otherwise."""
+    from hami.tools.command import guarded
+
+    def again() -> int:
+        raise e
+
+    return guarded(again)
+
+
+__all__ = ("ClusterInput", "api_error_status", "cluster_input", "placement_keys", "unplaced")
