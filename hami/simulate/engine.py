@@ -223,10 +223,13 @@ class _Resources:
         self.cpu = self.cpu_total.copy()
         self.mem = self.mem_total.copy()
         self.slots = np.array([n.max_pods for n in nodes], dtype=np.int64)
+        # `kubectl cordon` (spec.unschedulable): kube-scheduler's NodeUnschedulable filter drops the node
+        # before any fit; its pods stay (a snapshot's placed pods may be on it).
+        self.open = np.array([not (n.obj.get("spec") or {}).get("unschedulable") for n in nodes], dtype=bool)
 
     def fitting(self, cpu: int, mem: int) -> np.ndarray:
         """Boolean mask of the nodes with room for the pod."""
-        return (self.cpu >= cpu) & (self.mem >= mem) & (self.slots > 0)
+        return (self.cpu >= cpu) & (self.mem >= mem) & (self.slots > 0) & self.open
 
     def names_of(self, mask: np.ndarray) -> list[str]:
         return self._names[mask].tolist()
@@ -237,6 +240,7 @@ class _Resources:
             (int((self.cpu < cpu).sum()), "Insufficient cpu"),
             (int((self.mem < mem).sum()), "Insufficient memory"),
             (int((self.slots <= 0).sum()), "Too many pods"),
+            (int((~self.open).sum()), "node(s) were unschedulable"),
         )
         return f"0/{len(self.names)} nodes are available: " + ", ".join(f"{n} {w}" for n, w in counts if n)
 

@@ -145,7 +145,8 @@ class Start:
         if not self.pods and not self.skipped:
             return "start: empty cards (no pod of the input is placed)"
         line = (
-            f"start: {self.pods} pods already placed and kept in place ({self.card_pods} on cards) from "
+            f"start: {self.pods} {'pod' if self.pods == 1 else 'pods'} already placed and kept in place "
+            f"({self.card_pods} on cards) from "
             f"{self.source}: {self.cards_used} of {self.cards} GPUs in use, GPU {self.gpu_allocation_ratio * 100:.2f}%, "
             f"memory {self.memory_allocation_ratio * 100:.2f}% allocated"
         )

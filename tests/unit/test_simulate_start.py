@@ -3,6 +3,7 @@ grammar, the count per policy), on hand-built nodes and pods."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -172,3 +173,26 @@ def test_the_cap_bounds_the_count_and_is_reported(monkeypatch: pytest.MonkeyPatc
     assert pod_cap(ns) == 5
     (o,) = what_if(ns, [], tiny, config=CFG, policies=[], current=Policy("binpack", "spread")).outcomes
     assert (o.fit, o.capped, o.stopped_by) == (5, True, None)
+
+
+def test_a_cordoned_node_keeps_its_pods_and_takes_no_new_one() -> None:
+    n0, n1 = nodes()
+    n1 = replace(n1, obj={**n1.obj, "spec": {"unschedulable": True}})
+    placed, _ = split(load(pod_obj("held", node="n1", cards=[(n1.cards[0].uuid, 4000, 25)])), CFG)
+    shape = parse_shape("nvidia.com/gpu=1,nvidia.com/gpumem=4000,nvidia.com/gpucores=25", config=CFG)
+    # Each T4 takes 3 pods of 4000 MiB (15360 // 4000); only n0's two cards are open.
+    answer = what_if([n0, n1], placed, shape, config=CFG, policies=[], current=Policy("spread", "spread"))
+    (o,) = answer.outcomes
+    assert (o.fit, o.capped) == (6, False)
+    assert o.memory_allocation_ratio == pytest.approx((6 + 1) * 4000 / (4 * T4))  # the held pod still counts
+    # A pod that asks for no device (kube-scheduler alone) is refused by the cordon too.
+    cpu_only = load(pod_obj("cpu", cpu="1"))[0]
+    cpu_only = replace(
+        cpu_only, gpu_demand=0.0, obj={**cpu_only.obj, "spec": {"containers": [{"name": "c"}]}}
+    )
+    r = run(Workload([n1], [cpu_only, shape.pod]), config=CFG, policy=Policy("binpack", "binpack"),
+            mode=Mode.FILL, arrival=50, seed=1, placements=True)  # fmt: skip
+    assert r.scheduled == 0 and r.failure_reasons["Insufficient cpu/memory"] == r.failed
+    assert r.placements and {p.reason for p in r.placements} == {
+        "0/1 nodes are available: 1 node(s) were unschedulable"
+    }
