@@ -138,7 +138,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE.jsonl",
         help="write the extender's annotations of every scheduled GPU pod",
     )
-    out.add_argument("--report", metavar="DIR", help="write PNG plots (and summary.json) into DIR")
+    out.add_argument(
+        "--report",
+        metavar="DIR",
+        help="write PNG plots, the per-node fragmentation and failure-reason CSVs and summary.json into DIR",
+    )
     out.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     out.add_argument(
         "--progress",
@@ -509,10 +513,12 @@ def run_simulate(
         notes.append(f"annotations: {rows} pods written to {args.annotations}\n")
     if args.report is not None:
         from hami.simulate.plots import write_report
+        from hami.simulate.report import write_tables
 
-        paths = write_report(results, args.report)
-        (Path(args.report) / "summary.json").write_text(json.dumps(payload, indent=2) + "\n")
-        notes.append("report: " + ", ".join(str(p) for p in paths) + f", {Path(args.report) / 'summary.json'}\n")
+        paths = write_report(results, args.report, workload) + write_tables(results, args.report)
+        paths.append(Path(args.report) / "summary.json")
+        paths[-1].write_text(json.dumps(payload, indent=2) + "\n")
+        notes.append("report: " + ", ".join(str(p) for p in paths) + "\n")
     if args.json:
         json.dump(payload, stdout, indent=2)
         stdout.write("\n")

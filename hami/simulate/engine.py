@@ -36,6 +36,7 @@ from hami.config import CARD_POLICIES, NODE_POLICIES, DeviceConfig
 from hami.errors import InvalidRequest
 from hami.model import CardGrant
 from hami.scoring import parse_card_policy, parse_node_policy
+from hami.simulate.fragmeter import ClusterFragmentation, FragmentationMeter, NodeFragmentation
 from hami.simulate.workload import SimNode, SimPod, Workload, model_of
 from hami.vendors import build_vendors
 
@@ -104,12 +105,14 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """Allocation (ratios 0..1) when the arrived GPU demand reached `arrival` percent of capacity, at
-    trace time `time` (seconds; None in fill mode)."""
+    trace time `time` (seconds; None in fill mode), and the cluster's expected fragmentation then
+    (`hami.simulate.fragmeter`; None on curve points, which are not measured)."""
 
     arrival: float
     gpu_allocation_ratio: float
     memory_allocation_ratio: float
     time: float | None = None
+    fragmentation: ClusterFragmentation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,10 @@ class RunResult:
     placements: list[Placement] | None = None
     #: (pod name, annotations the extender would patch onto it) per scheduled GPU pod, when asked.
     annotations: list[tuple[str, dict[str, str]]] | None = None
+    #: Every GPU node's expected fragmentation at the end of a fill run, at the checkpoint of highest
+    #: GPU allocation of a trace run (`node_fragmentation_at`; None: at the end).
+    node_fragmentation: list[NodeFragmentation] = field(default_factory=list)
+    node_fragmentation_at: Checkpoint | None = None
     #: The core's state at the end of the run (for checks against `card_allocation`); not serialised.
     state: ClusterState | None = field(default=None, repr=False)
 
@@ -359,6 +366,8 @@ class _Replay:
         self.next_check = 10.0
         self.next_curve = curve_step
         self.check_limit = result.arrival_target if result.arrival_target is not None else float("inf")
+        self.meter = FragmentationMeter(self.state)
+        self.best_nodes: tuple[Checkpoint, dict[str, tuple[float, float]]] | None = None
 
     def keep(self, placed: Sequence[tuple[str, SimPod]]) -> None:
         """Pods already on a node at the start (node name, pod whose `obj` carries its allocation
@@ -379,7 +388,8 @@ class _Replay:
         return self.arrived / self.capacity * 100
 
     def sample(self) -> None:
-        """Peaks always; checkpoints at every 10 % of arrivals and curve points at every `curve_step` %."""
+        """Peaks always; checkpoints (with the fragmentation measured) at every 10 % of arrivals and curve
+        points at every `curve_step` %."""
         r = self.result
         g, m = self.usage.ratios()
         if g > r.peak_gpu_allocation_ratio:
@@ -388,12 +398,26 @@ class _Replay:
         r.peak_memory_allocation_ratio = max(r.peak_memory_allocation_ratio, m)
         pct = self.arrived_pct
         while pct >= self.next_check - 1e-9 and self.next_check <= self.check_limit + 1e-9:
-            r.checkpoints.append(Checkpoint(self.next_check, g, m, self.now))
+            c = Checkpoint(self.next_check, g, m, self.now, self.meter.measure())
+            r.checkpoints.append(c)
+            if self.best_nodes is None or g > self.best_nodes[0].gpu_allocation_ratio:
+                self.best_nodes = (c, self.meter.last)
             self.next_check += 10.0
         if pct >= self.next_curve - 1e-9:
             r.curve.append(Checkpoint(round(pct, 3), g, m, self.now))
             while pct >= self.next_curve - 1e-9:
                 self.next_curve += self.curve_step
+
+    def node_figures(self) -> None:
+        """The per-node fragmentation table: the state at the end (fill), or at the checkpoint of highest
+        GPU allocation (trace: at its end every pod has left)."""
+        r = self.result
+        if r.mode is Mode.TRACE and self.best_nodes is not None:
+            r.node_fragmentation_at, figures = self.best_nodes
+        else:
+            self.meter.measure()
+            figures = self.meter.last
+        r.node_fragmentation = [x for x in self.meter.nodes(figures) if x.cards]
 
     def fail(self, pod: SimPod, name: str, reason: str, category: str) -> None:
         r = self.result
@@ -635,5 +659,6 @@ def run(
         result.curve.append(Checkpoint(round(result.arrived_gpu_demand, 3), g, m))
     if progress is not None:
         progress(1.0)
+    replay.node_figures()
     result.state = replay.state
     return result

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hami.simulate.engine import Mode, RunResult
+from hami.simulate.engine import Checkpoint, Mode, RunResult
+from hami.simulate.fragmeter import NodeFragmentation, top_nodes
 from hami.simulate.workload import Workload, model_of
 
 PLACEMENT_COLUMNS = (
@@ -29,8 +30,91 @@ PLACEMENT_COLUMNS = (
 )
 
 
+#: Most fragmented nodes per policy in the summary text and in the JSON (all of them go to the CSV of
+#: `--report`).
+TOP_NODES_TEXT = 5
+TOP_NODES_JSON = 20
+
+NODE_FRAGMENTATION_COLUMNS = (
+    "policy",
+    "node",
+    "models",
+    "cards",
+    "free_cards",
+    "fragmented_cards",
+    "fragmentation_ratio",
+)
+FAILURE_REASON_COLUMNS = ("policy", "reason", "pods")
+
+NODE_FRAGMENTATION_CSV = "node_fragmentation.csv"
+FAILURE_REASONS_CSV = "failure_reasons.csv"
+
+
 def _r(x: float | None, nd: int = 6) -> float | None:
     return None if x is None else round(x, nd)
+
+
+def input_title(results: Sequence[RunResult], workload: Workload) -> str:
+    """What a plot shows the run of: ``pods.csv on nodes.csv, fill to 130 %, seed 1`` (file names
+    without their directories; the generator as it describes itself)."""
+
+    def name(source: str) -> str:
+        p = Path(source)
+        return p.name if p.is_file() else source
+
+    what = f"{name(workload.pods_source)} on {name(workload.nodes_source)}"
+    if not results:
+        return what
+    r = results[0]
+    if r.mode is Mode.FILL:
+        return f"{what}, fill to {r.arrival_target:g} %, seed {r.seed}"
+    return f"{what}, trace replay"
+
+
+def _node_json(x: NodeFragmentation) -> dict[str, Any]:
+    return {
+        "node": x.node,
+        "models": x.models,
+        "cards": x.cards,
+        "free_cards": _r(x.free, 4),
+        "fragmented_cards": _r(x.fragmented, 4),
+        "fragmentation_ratio": _r(x.ratio),
+    }
+
+
+def _fragmentation_json(r: RunResult) -> dict[str, Any]:
+    over_time = []
+    for c in r.checkpoints:
+        f = c.fragmentation
+        if f is None:
+            continue
+        over_time.append(
+            {
+                "arrival": c.arrival,
+                "time": c.time,
+                "gpu_allocation_ratio": _r(c.gpu_allocation_ratio),
+                "free_cards": _r(f.free, 4),
+                "fragmented_cards": _r(f.fragmented, 4),
+                "fragmentation_ratio": _r(f.ratio),
+                "workload_shapes": f.shapes,
+            }
+        )
+    nodes = r.node_fragmentation
+    at = r.node_fragmentation_at
+    free = sum(x.free for x in nodes)
+    frag = sum(x.fragmented for x in nodes)
+    return {
+        "over_time": over_time,
+        "nodes": {
+            "at": "end" if at is None else {"arrival": at.arrival, "time": at.time},
+            "gpu_nodes": len(nodes),
+            "fragmented_nodes": sum(1 for x in nodes if x.fragmented > 0.005),
+            "free_cards": _r(free, 4),
+            "fragmented_cards": _r(frag, 4),
+            "fragmentation_ratio": _r(frag / free if free > 0 else None),
+            "top": [_node_json(x) for x in top_nodes(nodes, TOP_NODES_JSON)],
+        },
+    }
 
 
 def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
@@ -77,6 +161,9 @@ def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
             for m, u in (r.per_model if r.mode is Mode.FILL else r.peak_per_model).items()
         },
     }
+    if r.mode is Mode.TRACE:
+        out["peak_reason"] = peak_reason(r)
+    out["fragmentation"] = _fragmentation_json(r)
     if r.mode is Mode.FILL:
         out["allocation_at_arrival"] = [
             {
@@ -134,6 +221,78 @@ def peak_reason(r: RunResult) -> str:
     )
 
 
+def _frag_cell(c: Checkpoint) -> str:
+    f = c.fragmentation
+    if f is None:
+        return "-"
+    return f"{f.fragmented:.1f} ({'-' if f.ratio is None else f'{f.ratio * 100:.0f}%'})"
+
+
+def _where(at: Checkpoint | None) -> str:
+    if at is None:
+        return "at the end of the run"
+    when = "" if at.time is None else f", trace time {at.time:g} s"
+    return f"at {at.arrival:g}% arrivals{when}, the checkpoint of highest GPU allocation"
+
+
+def _fragmentation_lines(results: Sequence[RunResult]) -> list[str]:
+    """Fragmentation over time (per checkpoint) and the most fragmented nodes, per policy."""
+    lines: list[str] = []
+    r0 = results[0]
+    fill = r0.mode is Mode.FILL
+    marks = [c.arrival for c in r0.checkpoints if c.fragmentation is not None]
+    if marks and fill:
+        head = ["policy", *(f"{m:g}%" for m in marks)]
+        for title, cell in (
+            (
+                "expected fragmentation at arrived demand: free GPU compute (cards) that no pod of the "
+                "learned workload could use",
+                lambda f: f"{f.fragmented:.1f}",
+            ),
+            (
+                "... as percent of the free GPU compute",
+                lambda f: "-" if f.ratio is None else f"{f.ratio * 100:.0f}",
+            ),
+        ):
+            body = []
+            for r in results:
+                by = {c.arrival: c.fragmentation for c in r.checkpoints}
+                body.append([r.policy.label, *(cell(by[m]) if by.get(m) else "-" for m in marks)])
+            lines += ["", f"{title}:", *_table(head, body)]
+    elif marks:
+        lines += [
+            "",
+            "expected fragmentation at the checkpoint of highest GPU allocation (cards, percent of free):",
+        ]
+        for r in results:
+            best = max((c for c in r.checkpoints if c.fragmentation), key=lambda c: c.gpu_allocation_ratio)
+            lines.append(
+                f"  {r.policy.label}: {_frag_cell(best)} at {best.arrival:g}% arrivals, trace time {best.time:g} s"
+            )
+    for r in results:
+        top = [x for x in top_nodes(r.node_fragmentation, TOP_NODES_TEXT) if x.fragmented > 0.005]
+        if not top:
+            lines += [
+                "",
+                f"most fragmented nodes, {r.policy.label}: none ({_where(r.node_fragmentation_at)})",
+            ]
+            continue
+        lines += ["", f"most fragmented nodes, {r.policy.label} ({_where(r.node_fragmentation_at)}):"]
+        rows = [
+            [
+                x.node,
+                x.models,
+                str(x.cards),
+                f"{x.free:.2f}",
+                f"{x.fragmented:.2f}",
+                "-" if x.ratio is None else f"{x.ratio * 100:.0f}%",
+            ]
+            for x in top
+        ]
+        lines += _table(["node", "models", "cards", "free", "fragmented", "share"], rows)
+    return lines
+
+
 def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
     """The human summary: what was replayed, one row per policy, allocation at arrivals, failure reasons."""
     r0 = results[0]
@@ -179,6 +338,8 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
                 + (" (at the end of the run)" if fill else " (highest point of the trace)"),
                 "1st fail at: arrived GPU demand (percent of GPU capacity) when the first GPU pod failed",
                 "p50 / p99 ms: the scheduler core's decision time per GPU pod; time s: the replay's wall time",
+                "fragmentation: free GPU compute (cards) that the learned workload could not use "
+                "(hami.fragmentation), measured the same way for every policy",
             )
         ),
     ]
@@ -194,6 +355,7 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
             by = {c.arrival: c.gpu_allocation_ratio for c in r.checkpoints}
             body.append([r.policy.label, *(f"{by[m] * 100:.1f}" if m in by else "-" for m in marks)])
         lines += _table(head, body)
+    lines += _fragmentation_lines(results)
     reasons = [(r.policy.label, r.failure_reasons.most_common(3)) for r in results if r.failure_reasons]
     if reasons:
         lines += ["", "most common failure reasons (pods):"]
@@ -247,3 +409,45 @@ def write_annotations(path: str | Path, results: Sequence[RunResult]) -> int:
                 f.write(json.dumps({"policy": r.policy.label, "pod": pod, "annotations": annos}) + "\n")
                 n += 1
     return n
+
+
+def write_node_fragmentation(path: str | Path, results: Sequence[RunResult]) -> int:
+    """Write every GPU node of every run (`NODE_FRAGMENTATION_COLUMNS`; cards of compute, ratio 0..1,
+    empty when nothing is free), most fragmented first per policy; returns the row count. Raises OSError."""
+    n = 0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(NODE_FRAGMENTATION_COLUMNS)
+        for r in results:
+            for x in top_nodes(r.node_fragmentation):
+                ratio = x.ratio
+                w.writerow(
+                    [r.policy.label, x.node, x.models, x.cards, f"{x.free:.4f}", f"{x.fragmented:.4f}",
+                     "" if ratio is None else f"{ratio:.6f}"]
+                )  # fmt: skip
+                n += 1
+    return n
+
+
+def write_failure_reasons(path: str | Path, results: Sequence[RunResult]) -> int:
+    """Write failed pods per (policy, reason category), most common first (`FAILURE_REASON_COLUMNS`);
+    returns the row count. Raises OSError."""
+    n = 0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(FAILURE_REASON_COLUMNS)
+        for r in results:
+            for reason, pods in r.failure_reasons.most_common():
+                w.writerow([r.policy.label, reason, pods])
+                n += 1
+    return n
+
+
+def write_tables(results: Sequence[RunResult], directory: str | Path) -> list[Path]:
+    """The CSV files of `--report DIR`: `node_fragmentation.csv` and `failure_reasons.csv` (the
+    directory must exist). Returns the paths. Raises OSError."""
+    d = Path(directory)
+    paths = [d / NODE_FRAGMENTATION_CSV, d / FAILURE_REASONS_CSV]
+    write_node_fragmentation(paths[0], results)
+    write_failure_reasons(paths[1], results)
+    return paths

@@ -80,8 +80,13 @@ def test_compare_json_placements_and_report(tmp_path):
     assert {r["policy"] for r in rows} == set(j)
     assert sum(1 for r in rows if r["policy"] == "spread" and r["reason"]) == j["spread"]["failed"]
     assert sorted(x.name for x in rep.iterdir()) == [
-        "allocation_vs_arrival.png",
-        "model_utilisation.png",
+        "allocation_by_card_model.png",
+        "failure_reasons.csv",
+        "failure_reasons.png",
+        "fragmentation_vs_arrival.png",
+        "gpu_allocation_vs_arrival.png",
+        "node_fragmentation.csv",
+        "node_fragmentation.png",
         "summary.json",
     ]
     assert json.loads((rep / "summary.json").read_text()) == j

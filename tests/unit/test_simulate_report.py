@@ -122,6 +122,12 @@ def test_report_writes_pngs(tmp_path):
     paths = write_report(
         [fill_run(placements=False), fill_run(Policy("spread", "spread"), False)], tmp_path / "rep"
     )
-    assert [p.name for p in paths] == ["allocation_vs_arrival.png", "model_utilisation.png"]
+    assert [p.name for p in paths] == [
+        "gpu_allocation_vs_arrival.png",
+        "allocation_by_card_model.png",
+        "fragmentation_vs_arrival.png",
+        "node_fragmentation.png",
+        "failure_reasons.png",
+    ]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
