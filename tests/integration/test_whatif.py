@@ -250,3 +250,19 @@ def test_cluster_errors_exit_as_hami_snapshot(
         == command.EXIT_USAGE
     )
     assert capsys.readouterr().err.startswith("hami: error: kubeconfig")
+
+
+def test_simulate_doc_examples_are_current() -> None:
+    """The cluster transcripts of docs/simulate.md are what their commands print (scripts/gen_simulate_doc.py)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location(
+        "gen_simulate_doc", root / "scripts" / "gen_simulate_doc.py"
+    )
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    page = (root / "docs" / "simulate.md").read_text(encoding="utf-8")
+    assert page.count("<!-- simulate-example: ") >= 1
+    assert gen.render(page) == page, "docs/simulate.md is stale: run python scripts/gen_simulate_doc.py"
