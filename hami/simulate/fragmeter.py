@@ -70,9 +70,11 @@ class FragmentationMeter:
 
     def __init__(self, state: ClusterState) -> None:
         self.state = state
-        # node name -> (workload version, node state key, free cards, fragmented cards)
+        # node name -> (generation, node state key, free cards, fragmented cards)
         self._cache: dict[str, tuple[int, tuple, float, float]] = {}
-        self._version = -1
+        # The learned workload and version the cached figures hold for, and a counter of its changes.
+        self._workload: tuple[fragmentation.FragmentationModel | None, int] = (None, -1)
+        self._generation = 0
         self._shared: dict[tuple, float] = {}
         self._models: dict[str, tuple[str, int]] = {}
         self.last: dict[str, tuple[float, float]] = {}
@@ -82,12 +84,13 @@ class FragmentationMeter:
         state = self.state
         model = state.fragmentation
         version = model.version
-        if version != self._version:
+        if self._workload[0] is not model or self._workload[1] != version:
             # Figures under another workload do not hold; nodes in the same state (most idle nodes,
             # most full ones) share one computation per workload.
-            self._version = version
+            self._workload = (model, version)
+            self._generation += 1
             self._shared = {}
-        cache, shared = self._cache, self._shared
+        cache, shared, generation = self._cache, self._shared, self._generation
         last: dict[str, tuple[float, float]] = {}
         free_total = frag_total = 0.0
         with state._lock:
@@ -95,11 +98,11 @@ class FragmentationMeter:
                 cpu = n.cpu_free()
                 key = (cpu, tuple([(k, u.used, u.usedmem, u.usedcores) for k, u in n.usage.items()]))
                 hit = cache.get(name)
-                if hit is not None and hit[0] == version and hit[1] == key:
+                if hit is not None and hit[0] == generation and hit[1] == key:
                     free, frag = hit[2], hit[3]
                 else:
                     free, frag = self._node(n, cpu, model, shared)
-                    cache[name] = (version, key, free, frag)
+                    cache[name] = (generation, key, free, frag)
                 last[name] = (free, frag)
                 free_total += free
                 frag_total += frag

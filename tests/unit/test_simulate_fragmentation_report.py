@@ -79,6 +79,19 @@ def test_hand_computed_fragmentation_of_a_tiny_cluster():
     assert [x.node for x in top_nodes(meter.nodes())] == ["n1", "n2"]
 
 
+def test_another_learned_workload_is_measured_afresh():
+    # Same state, a model whose version number is the same but whose only shape is a half card: every
+    # free share can take one, so nothing is fragmented any more.
+    state = whole_card_state([node("n1", 2), node("n2", 1)])
+    submit(state, pod("half", 500), "u1", ["n1"])
+    meter = FragmentationMeter(state)
+    assert round(meter.measure().fragmented, 6) == 0.5
+    state.fragmentation = FragmentationModel(WorkloadHistogram({Shape(1, 0, 50, 50): 1.0}))
+    assert state.fragmentation.version == 1
+    again = meter.measure()
+    assert (round(again.free, 6), again.fragmented) == (2.5, 0.0)
+
+
 def test_cpu_bound_node_counts_its_free_cards_as_fragmented():
     # The whole-card shape asks 6000 millicores; n1 has 8000: after a 3000m pod, no whole-card pod can run
     # there, so its idle card (1.0) and the free half (0.5) are all lost.
