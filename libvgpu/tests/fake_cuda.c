@@ -5,11 +5,13 @@
  * CUDA_VISIBLE_DEVICES (integer or "GPU-..." entries), counts every call (fake_count),
  * returns real CUresult numbers, and resolves cuGetProcAddress by name x version x
  * per-thread-stream flag from its own table, so tests can see exactly which versioned
- * function a caller was handed. Launches model a GPU queue of FAKE_KERNEL_US per kernel;
- * cuCtxSynchronize waits for it, and fake_busy_ns() reports the modelled busy time.
+ * function a caller was handed. Launches model FAKE_KERNEL_US of work per kernel on a card
+ * that time-slices between the processes with work queued; cuCtxSynchronize waits for this
+ * process's work, and fake_busy_ns() reports the modelled busy time.
  */
 #include <cuda.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
 #include "fake_state.h"
@@ -499,24 +501,144 @@ EXPORT CUresult cuDeviceTotalMem(unsigned int *b, CUdevice d) {
 EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice d, CUstream s) { COUNT(); return CUDA_SUCCESS; }
 EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t n, CUmemLocation l, unsigned f, CUstream s) { COUNT(); return CUDA_SUCCESS; }
 
-/* ---- launches: a modelled GPU queue ---- */
-static _Atomic uint64_t busy_total, my_done;
+/* ---- launches: a modelled time-sliced card ----
+ * Why not one first-come-first-served queue for all processes: a card without MPS time-slices
+ * between the contexts that have work, in slices short against the compute limiter's (which
+ * the limiter's fair clock assumes, and the H200 runs confirm). A shared FIFO instead ran each
+ * process's whole batch of queued kernels in one piece: a tenant that paused for less than its
+ * neighbours' queued batches lost nothing (its work would have waited anyway), and three
+ * tenants at 30/30/40 could lock into an equal round robin, 1/3 each. So the fake models the
+ * limit of small time slices: while k processes have kernels queued on a card, each one's
+ * oldest kernel progresses at 1/k of the wall time (processor sharing); one process's kernels
+ * run in launch order. */
+static _Atomic uint64_t busy_total;
+static uint64_t my_finish[FAKE_MAX_DEV]; /* this process's finish tag per physical card */
 static uint64_t now_ns(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec; }
+
+static void engine_lock(fake_engine_t *e) {
+    for (unsigned spins = 0;; spins++) {
+        uint32_t z = 0;
+        if (atomic_compare_exchange_weak(&e->lock, &z, 1)) { atomic_store(&e->lock_ns, now_ns()); return; }
+        if ((spins & 63) == 63) {
+            uint64_t t = atomic_load(&e->lock_ns), now = now_ns();
+            if (t && now - t > 100000000ull && atomic_compare_exchange_strong(&e->lock_ns, &t, now)) return;
+            sched_yield();
+        }
+    }
+}
+static void engine_unlock(fake_engine_t *e) { atomic_store(&e->lock_ns, 0); atomic_store(&e->lock, 0); }
+
+/* Contexts with work at service level v, and the smallest finish tag above v. */
+static uint32_t backlog(fake_engine_t *e, uint64_t v, uint64_t *next) {
+    uint32_t n = 0;
+    *next = UINT64_MAX;
+    for (int i = 0; i < FAKE_MAX_CTX; i++) {
+        if (!atomic_load(&e->q[i].pid) || e->q[i].finish <= v) continue;
+        n++;
+        if (e->q[i].finish < *next) *next = e->q[i].finish;
+    }
+    return n;
+}
+
+/* Caller holds the lock: the contexts with work at vt have had `wall` more ns of it. */
+static void charge_queued(fake_engine_t *e, uint64_t wall) {
+    for (int i = 0; i < FAKE_MAX_CTX; i++)
+        if (atomic_load(&e->q[i].pid) && e->q[i].finish > e->vt) e->q[i].queued_ns += wall;
+}
+
+/* Caller holds the lock: brings vt to wall time `now`, one drained context at a time. */
+static void advance(fake_engine_t *e, uint64_t now) {
+    while (now > e->last) {
+        uint64_t next;
+        uint32_t n = backlog(e, e->vt, &next);
+        if (!n) { e->last = now; return; }
+        uint64_t span = (next - e->vt) * n; /* wall time until the first backlog drains */
+        if (e->last + span <= now) {
+            charge_queued(e, span);
+            e->vt = next;
+            e->last += span;
+            continue;
+        }
+        uint64_t q = (now - e->last) / n;
+        charge_queued(e, q * n);
+        e->vt += q;
+        e->last += q * n; /* the remainder (< n ns) counts at the next advance */
+        return;
+    }
+}
+
 static void enqueue(void) {
     const char *s = getenv("FAKE_KERNEL_US");
     uint64_t d = s ? strtoull(s, NULL, 10) * 1000 : 0;
     if (!d || cur_dev < 0) return;
-    _Atomic uint64_t *q = &fake_phys()->busy_until[visible[cur_dev]];
-    uint64_t now = now_ns(), cur = atomic_load(q), next;
-    do { next = (cur > now ? cur : now) + d; } while (!atomic_compare_exchange_weak(q, &cur, next));
-    atomic_store(&my_done, next);
+    int phys = visible[cur_dev];
+    fake_engine_t *e = &fake_phys()->engine[phys];
+    int32_t me = (int32_t)getpid();
+    engine_lock(e);
+    advance(e, now_ns());
+    int slot = -1;
+    for (int i = 0; i < FAKE_MAX_CTX && slot < 0; i++)
+        if (atomic_load(&e->q[i].pid) == me) slot = i;
+    for (int i = 0; i < FAKE_MAX_CTX && slot < 0; i++)
+        if (!atomic_load(&e->q[i].pid) || e->q[i].finish <= e->vt) {
+            atomic_store(&e->q[i].pid, me);
+            e->q[i].finish = e->vt;
+            e->q[i].queued_ns = 0;
+            slot = i;
+        }
+    if (slot < 0) slot = 0; /* more processes than slots: share the first one's queue */
+    fake_ctxq_t *q = &e->q[slot];
+    q->finish = (q->finish > e->vt ? q->finish : e->vt) + d;
+    my_finish[phys] = q->finish;
+    engine_unlock(e);
     atomic_fetch_add(&busy_total, d);
 }
 EXPORT uint64_t fake_busy_ns(void) { return atomic_load(&busy_total); }
+/* Wall time this process has had work queued, summed over the cards, ns: the time in which it
+ * fed the card (its busy time is the card's time it got meanwhile). */
+EXPORT uint64_t fake_queued_ns(void) {
+    uint64_t sum = 0;
+    int32_t me = (int32_t)getpid();
+    for (int p = 0; p < FAKE_MAX_DEV; p++) {
+        if (!my_finish[p]) continue;
+        fake_engine_t *e = &fake_phys()->engine[p];
+        engine_lock(e);
+        advance(e, now_ns());
+        for (int i = 0; i < FAKE_MAX_CTX; i++)
+            if (atomic_load(&e->q[i].pid) == me) sum += e->q[i].queued_ns;
+        engine_unlock(e);
+    }
+    return sum;
+}
+
+/* Sleeps until this process's kernels on card `phys` are done: until the time they would finish
+ * with the work queued now, again if others queued more meanwhile (which can only delay it). */
+static void drain(int phys) {
+    fake_engine_t *e = &fake_phys()->engine[phys];
+    for (;;) {
+        engine_lock(e);
+        uint64_t now = now_ns();
+        advance(e, now);
+        uint64_t target = my_finish[phys], v = e->vt, at = e->last;
+        if (v >= target) { engine_unlock(e); return; }
+        for (;;) {
+            uint64_t next;
+            uint32_t n = backlog(e, v, &next); /* >= 1: our own slot is above v */
+            if (next >= target) { at += (target - v) * n; break; }
+            at += (next - v) * n;
+            v = next;
+        }
+        engine_unlock(e);
+        if (at > now) {
+            struct timespec ts = {(time_t)((at - now) / 1000000000ull), (long)((at - now) % 1000000000ull)};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT(); NEED_INIT();
-    uint64_t t = atomic_load(&my_done), now = now_ns();
-    if (t > now) { struct timespec ts = {(time_t)((t - now) / 1000000000ull), (long)((t - now) % 1000000000ull)}; nanosleep(&ts, NULL); }
+    for (int p = 0; p < FAKE_MAX_DEV; p++)
+        if (my_finish[p]) drain(p);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { COUNT(); NEED_INIT(); return cuCtxSynchronize(); }

@@ -19,9 +19,27 @@
 #include <unistd.h>
 
 #define FAKE_MAX_DEV 8
+#define FAKE_MAX_CTX 32
+/* The modelled time-sliced engine of one card (fake_cuda.c): each process (context) with work
+ * queued progresses at 1/k of the wall time while k processes have work, its own kernels in
+ * order. `vt` is the service every backlogged context has received since the card was created
+ * (ns); a context's work is done when vt reaches its `finish` tag. */
+typedef struct {
+    _Atomic int32_t pid; /* 0 = free; a slot whose finish <= vt may be taken by another process */
+    uint32_t pad;
+    uint64_t finish;
+    uint64_t queued_ns; /* wall time this process had work queued on the card (fake_queued_ns) */
+} fake_ctxq_t;
+typedef struct {
+    _Atomic uint32_t lock; /* spin lock over vt, last and the slots; held for a few dozen loads */
+    uint32_t pad;
+    _Atomic uint64_t lock_ns; /* when it was taken: a holder killed inside is broken after 100 ms */
+    uint64_t vt, last;        /* service per backlogged context (ns); wall ns when vt was advanced */
+    fake_ctxq_t q[FAKE_MAX_CTX];
+} fake_engine_t;
 typedef struct {
     _Atomic uint64_t used[FAKE_MAX_DEV];
-    _Atomic uint64_t busy_until[FAKE_MAX_DEV]; /* the modelled GPU queue: kernels of all processes serialise */
+    fake_engine_t engine[FAKE_MAX_DEV];
 } fake_phys_t;
 
 static fake_phys_t *fake_phys(void) {

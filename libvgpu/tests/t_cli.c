@@ -364,14 +364,10 @@ int main(int argc, char **argv) {
                 cuCtxSynchronize();
             }
             OUT("burn 0 %llu %llu", (unsigned long long)(busy() - b0), (unsigned long long)(now_ns() - t0));
-        } else if (!strcmp(op, "rundelay")) {
-            /* ns this thread has waited on a CPU run queue (/proc/self/schedstat, 2nd field):
-             * time in which a CPU-starved tenant could not feed the (fake) GPU */
-            unsigned long long on = 0, wait = 0;
-            FILE *f = fopen("/proc/self/schedstat", "r");
-            int ok = f && fscanf(f, "%llu %llu", &on, &wait) == 2;
-            if (f) fclose(f);
-            OUT("rundelay %d %llu", ok ? 0 : 1, wait);
+        } else if (!strcmp(op, "queued")) {
+            /* ns this process has had work queued on the fake card (fake_queued_ns) */
+            uint64_t (*queued)(void) = (uint64_t(*)(void))dlsym(RTLD_DEFAULT, "fake_queued_ns");
+            OUT("queued 0 %llu", (unsigned long long)queued());
         } else if (!strcmp(op, "bursty")) {
             /* bursty <ms> <kernels> <gap us>: bursts of <kernels> modelled kernels, a synchronise,
              * then <gap us> of CPU time without GPU work, for <ms> of wall time */

@@ -1,6 +1,6 @@
-"""Compute share as logic on the fake GPU: the fake models a queue of FAKE_KERNEL_US per launch
-shared by all processes, so the share of modelled GPU time a process gets is measurable on a
-CPU. Tolerances are wide on purpose (2 shared CI cores); accuracy on real hardware is measured
+"""Compute share as logic on the fake GPU: the fake models FAKE_KERNEL_US of work per launch on a
+card that all processes time-slice, so the share of modelled GPU time a process gets is
+measurable on a CPU. Tolerances are wide on purpose (2 shared CI cores); accuracy on real hardware is measured
 by benchmarks/libvgpu_gpu.sh and recorded in docs/benchmarks.md.
 
 Timing depends on CPU load, which can only *lower* a measured share; so upper bounds are
