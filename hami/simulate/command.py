@@ -466,7 +466,7 @@ def run_simulate(
     if what_if:
         from hami.simulate.whatif import run_what_if
 
-        return run_what_if(args, config, workload, kept_pods, policies, start=start, stdout=stdout)
+        return run_what_if(args, config, workload, kept_pods, policies, start=start, stdout=stdout, stderr=stderr)
     if getattr(args, "current_policy", None) is not None:
         raise InvalidRequest("--current-policy: only with --what-if-shape")
     if args.progress and args.no_progress:

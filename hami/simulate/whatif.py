@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -162,9 +162,11 @@ def what_if(
     policies: Sequence[Policy],
     current: Policy,
     nodes_source: str = "",
+    done: Callable[[Outcome, float], None] | None = None,
 ) -> ShapeAnswer:
     """Count, for `current` and each of `policies`, the pods of `shape` that fit from the start state
-    `placed` (see the module docstring). Raises InvalidRequest when the cluster has no GPU."""
+    `placed` (see the module docstring); `done(outcome, seconds)` is called after each policy.
+    Raises InvalidRequest when the cluster has no GPU."""
     order = [current, *(p for p in policies if p.label != current.label)]
     cap = pod_cap(nodes)
     workload = Workload(nodes=list(nodes), pods=[shape.pod], nodes_source=nodes_source, pods_source=FLAG)
@@ -178,6 +180,8 @@ def what_if(
                 policy, r.scheduled, r.failed == 0, stopped, r.gpu_allocation_ratio, r.memory_allocation_ratio
             )
         )
+        if done is not None:
+            done(outcomes[-1], r.elapsed_s)
     return ShapeAnswer(shape, cap, current.label, outcomes)
 
 
@@ -290,8 +294,10 @@ def run_what_if(
     *,
     start: Start,
     stdout: TextIO,
+    stderr: TextIO,
 ) -> int:
-    """`hami simulate --what-if-shape ...`: parse every shape, count, print text or `--json`; returns 0.
+    """`hami simulate --what-if-shape ...`: parse every shape, count, print text or `--json` on `stdout`
+    (with ``--progress`` a line per policy on `stderr`); returns 0.
     Raises InvalidRequest for a bad shape or policy, or a flag that has no meaning here."""
     for flag, given in (
         ("--mode trace", args.mode == Mode.TRACE.value),
@@ -304,6 +310,11 @@ def run_what_if(
             raise InvalidRequest(f"{flag}: not with {FLAG} (the what-if prints its counts only)")
     shapes = [parse_shape(t, config=config) for t in args.what_if_shape]
     current, where = current_policy(args.current_policy, config)
+
+    def done(o: Outcome, seconds: float) -> None:
+        stderr.write(f"what-if {o.policy.label}: {o.fit} pods fit ({seconds:.1f} s)\n")
+        stderr.flush()
+
     answers = [
         what_if(
             workload.nodes,
@@ -313,7 +324,8 @@ def run_what_if(
             policies=policies,
             current=current,
             nodes_source=workload.nodes_source,
-        )  # fmt: skip
+            done=done if args.progress else None,
+        )
         for s in shapes
     ]
     kw = {"start": start, "nodes": workload.nodes, "nodes_source": workload.nodes_source}

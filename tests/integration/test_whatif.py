@@ -266,3 +266,17 @@ def test_simulate_doc_examples_are_current() -> None:
     page = (root / "docs" / "simulate.md").read_text(encoding="utf-8")
     assert page.count("<!-- simulate-example: ") >= 1
     assert gen.render(page) == page, "docs/simulate.md is stale: run python scripts/gen_simulate_doc.py"
+
+
+def test_progress_prints_a_line_per_policy(
+    tiny: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--from-cluster", "--kubeconfig", kubeconfig, "--what-if-shape", SHAPE]
+    assert cli.main([*argv, "--compare", "binpack,spread", "--progress", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert _fits(json.loads(out)) == {"binpack/spread": (5, 0), "binpack": (3, -2), "spread": (5, 0)}
+    lines = err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [
+        "what-if binpack/spread: 5 pods fit", "what-if binpack: 3 pods fit", "what-if spread: 5 pods fit"
+    ]  # fmt: skip
+    assert cli.main(argv) == 0 and capsys.readouterr().err == ""  # stderr is no terminal here
