@@ -280,3 +280,20 @@ def test_progress_prints_a_line_per_policy(
         "what-if binpack/spread: 5 pods fit", "what-if binpack: 3 pods fit", "what-if spread: 5 pods fit"
     ]  # fmt: skip
     assert cli.main(argv) == 0 and capsys.readouterr().err == ""  # stderr is no terminal here
+
+
+def test_a_cluster_without_pods_needs_no_workload_for_the_what_if(
+    fake_apiserver: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_apiserver.store.create_any(node("node-a", A, now=DEMO_NOW))
+    code, res = _json(
+        "simulate", "--from-cluster", "--kubeconfig", kubeconfig, "--what-if-shape", SHAPE, "--json"
+    )
+    # One node of three empty cards under binpack/spread: a-0 + a-1, a-2 + a-0, a-1 + a-2.
+    assert code == 0 and _fits(res) == {"binpack/spread": (3, 0)}
+    assert res["start"]["placed_pods"] == 0
+    assert cli.main(["simulate", "--from-cluster", "--kubeconfig", kubeconfig]) == 2
+    assert (
+        "the API server lists no Pod to resample; give the workload with --pods FILE"
+        in capsys.readouterr().err
+    )
