@@ -1,4 +1,5 @@
-"""What a simulation run prints and writes: the summary table, the JSON object, the placements CSV.
+"""What a simulation run prints and writes: the summary table, the JSON object, the placements CSV, the
+annotations, and the per-node fragmentation and failure-reason CSVs of `--report`.
 
 Kept apart from the engine so that the figures have one definition each (docs/simulate.md lists every
 field with its unit) and the engine stays free of formatting.
