@@ -166,6 +166,9 @@ class RunResult:
     #: GPU allocation of a trace run (`node_fragmentation_at`; None: at the end).
     node_fragmentation: list[NodeFragmentation] = field(default_factory=list)
     node_fragmentation_at: Checkpoint | None = None
+    #: With pods placed at the start (`placed`): the cluster's and every GPU node's fragmentation then.
+    start_fragmentation: ClusterFragmentation | None = None
+    start_node_fragmentation: list[NodeFragmentation] = field(default_factory=list)
     #: The core's state at the end of the run (for checks against `card_allocation`); not serialised.
     state: ClusterState | None = field(default=None, repr=False)
 
@@ -397,6 +400,10 @@ class _Replay:
         self.check_limit = result.arrival_target if result.arrival_target is not None else float("inf")
         self.meter = FragmentationMeter(self.state)
         self.best_nodes: tuple[Checkpoint, dict[str, tuple[float, float]]] | None = None
+        if placed:
+            # The cluster as it is, before any arrival: which of its nodes are fragmented now.
+            result.start_fragmentation = self.meter.measure()
+            result.start_node_fragmentation = [x for x in self.meter.nodes() if x.cards]
 
     def keep(self, placed: Sequence[tuple[str, SimPod]]) -> None:
         """Pods already on a node at the start (node name, pod whose `obj` carries its allocation

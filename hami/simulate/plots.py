@@ -154,7 +154,7 @@ def fragmentation_plot(results: Sequence[RunResult], path: str | Path, title: st
 
 def node_fragmentation_plot(results: Sequence[RunResult], path: str | Path, title: str = "") -> None:
     """Which nodes are fragmented: left, every GPU node's fragmented compute, most fragmented first, one
-    line per policy; right, per card model, the free compute (light) and the part of it that is
+    line per policy (and a grey one for the start, when the runs began with pods placed); right, per card model, the free compute (light) and the part of it that is
     fragmented (dark). At the end of a fill run, at the checkpoint of highest allocation of a trace run.
     Raises OSError."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), dpi=110)
@@ -173,6 +173,10 @@ def node_fragmentation_plot(results: Sequence[RunResult], path: str | Path, titl
         bars = axes[1].bar(xs, [free[m] for m in models], width=width, alpha=0.35)
         axes[1].bar(xs, [frag[m] for m in models], width=width, color=bars.patches[0].get_facecolor()[:3] if bars.patches else None,
                     label=r.policy.label)  # fmt: skip
+    if results and results[0].start_fragmentation is not None:
+        ranked = top_nodes(results[0].start_node_fragmentation)
+        axes[0].plot(range(1, len(ranked) + 1), [x.fragmented for x in ranked], color="grey", linestyle=":",
+                     linewidth=1.5, label="start (pods placed)")  # fmt: skip
     axes[0].set_xlabel("nodes, most fragmented first")
     axes[0].set_ylabel("fragmented GPU compute (cards)")
     axes[0].set_xlim(left=0)

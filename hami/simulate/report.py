@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hami.simulate.engine import Checkpoint, Mode, RunResult
-from hami.simulate.fragmeter import NodeFragmentation, top_nodes
+from hami.simulate.fragmeter import ClusterFragmentation, NodeFragmentation, top_nodes
 from hami.simulate.workload import Workload, model_of
 
 PLACEMENT_COLUMNS = (
@@ -35,6 +35,9 @@ PLACEMENT_COLUMNS = (
 #: `--report`).
 TOP_NODES_TEXT = 5
 TOP_NODES_JSON = 20
+
+#: A node counts as fragmented above this many cards of fragmented compute (rounding noise below).
+FRAGMENTED_CARDS = 0.005
 
 NODE_FRAGMENTATION_COLUMNS = (
     "policy",
@@ -100,21 +103,29 @@ def _fragmentation_json(r: RunResult) -> dict[str, Any]:
                 "workload_shapes": f.shapes,
             }
         )
-    nodes = r.node_fragmentation
     at = r.node_fragmentation_at
+    out: dict[str, Any] = {
+        "over_time": over_time,
+        "nodes": _nodes_json(
+            r.node_fragmentation, "end" if at is None else {"arrival": at.arrival, "time": at.time}
+        ),
+    }
+    if r.start_fragmentation is not None:
+        out["start"] = _nodes_json(r.start_node_fragmentation, "start")
+    return out
+
+
+def _nodes_json(nodes: Sequence[NodeFragmentation], at: Any) -> dict[str, Any]:
     free = sum(x.free for x in nodes)
     frag = sum(x.fragmented for x in nodes)
     return {
-        "over_time": over_time,
-        "nodes": {
-            "at": "end" if at is None else {"arrival": at.arrival, "time": at.time},
-            "gpu_nodes": len(nodes),
-            "fragmented_nodes": sum(1 for x in nodes if x.fragmented > 0.005),
-            "free_cards": _r(free, 4),
-            "fragmented_cards": _r(frag, 4),
-            "fragmentation_ratio": _r(frag / free if free > 0 else None),
-            "top": [_node_json(x) for x in top_nodes(nodes, TOP_NODES_JSON)],
-        },
+        "at": at,
+        "gpu_nodes": len(nodes),
+        "fragmented_nodes": sum(1 for x in nodes if x.fragmented > FRAGMENTED_CARDS),
+        "free_cards": _r(free, 4),
+        "fragmented_cards": _r(frag, 4),
+        "fragmentation_ratio": _r(frag / free if free > 0 else None),
+        "top": [_node_json(x) for x in top_nodes(list(nodes), TOP_NODES_JSON)],
     }
 
 
@@ -270,28 +281,41 @@ def _fragmentation_lines(results: Sequence[RunResult]) -> list[str]:
             lines.append(
                 f"  {r.policy.label}: {_frag_cell(best)} at {best.arrival:g}% arrivals, trace time {best.time:g} s"
             )
+    if r0.start_fragmentation is not None:
+        # The start is the same for every policy: shown once.
+        lines += _node_table(
+            f"most fragmented nodes at the start (the pods already placed), {_frag_sum(r0.start_fragmentation)}",
+            r0.start_node_fragmentation,
+        )
     for r in results:
-        top = [x for x in top_nodes(r.node_fragmentation, TOP_NODES_TEXT) if x.fragmented > 0.005]
-        if not top:
-            lines += [
-                "",
-                f"most fragmented nodes, {r.policy.label}: none ({_where(r.node_fragmentation_at)})",
-            ]
-            continue
-        lines += ["", f"most fragmented nodes, {r.policy.label} ({_where(r.node_fragmentation_at)}):"]
-        rows = [
-            [
-                x.node,
-                x.models,
-                str(x.cards),
-                f"{x.free:.2f}",
-                f"{x.fragmented:.2f}",
-                "-" if x.ratio is None else f"{x.ratio * 100:.0f}%",
-            ]
-            for x in top
-        ]
-        lines += _table(["node", "models", "cards", "free", "fragmented", "share"], rows)
+        lines += _node_table(
+            f"most fragmented nodes, {r.policy.label} ({_where(r.node_fragmentation_at)})",
+            r.node_fragmentation,
+        )
     return lines
+
+
+def _frag_sum(f: ClusterFragmentation) -> str:
+    share = "" if f.ratio is None else f", {f.ratio * 100:.0f}% of the free"
+    return f"{f.fragmented:.1f} of {f.free:.1f} free cards fragmented{share}"
+
+
+def _node_table(title: str, nodes: Sequence[NodeFragmentation]) -> list[str]:
+    top = [x for x in top_nodes(list(nodes), TOP_NODES_TEXT) if x.fragmented > FRAGMENTED_CARDS]
+    if not top:
+        return ["", f"{title}: none"]
+    rows = [
+        [
+            x.node,
+            x.models,
+            str(x.cards),
+            f"{x.free:.2f}",
+            f"{x.fragmented:.2f}",
+            "-" if x.ratio is None else f"{x.ratio * 100:.0f}%",
+        ]
+        for x in top
+    ]
+    return ["", f"{title}:", *_table(["node", "models", "cards", "free", "fragmented", "share"], rows)]
 
 
 def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
@@ -414,16 +438,21 @@ def write_annotations(path: str | Path, results: Sequence[RunResult]) -> int:
 
 def write_node_fragmentation(path: str | Path, results: Sequence[RunResult]) -> int:
     """Write every GPU node of every run (`NODE_FRAGMENTATION_COLUMNS`; cards of compute, ratio 0..1,
-    empty when nothing is free), most fragmented first per policy; returns the row count. Raises OSError."""
+    empty when nothing is free), most fragmented first per policy, after the rows of policy ``start``
+    when the runs began with pods placed (the same start for every policy); returns the row count.
+    Raises OSError."""
     n = 0
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(NODE_FRAGMENTATION_COLUMNS)
-        for r in results:
-            for x in top_nodes(r.node_fragmentation):
+        tables = [(r.policy.label, r.node_fragmentation) for r in results]
+        if results and results[0].start_fragmentation is not None:
+            tables.insert(0, ("start", results[0].start_node_fragmentation))
+        for label, nodes in tables:
+            for x in top_nodes(list(nodes)):
                 ratio = x.ratio
                 w.writerow(
-                    [r.policy.label, x.node, x.models, x.cards, f"{x.free:.4f}", f"{x.fragmented:.4f}",
+                    [label, x.node, x.models, x.cards, f"{x.free:.4f}", f"{x.fragmented:.4f}",
                      "" if ratio is None else f"{ratio:.6f}"]
                 )  # fmt: skip
                 n += 1

@@ -224,7 +224,7 @@ def test_summary_text_shows_fragmentation_over_arrivals_and_the_nodes():
     assert lines[k + 3].split()[:3] == ["b", "V100M32", "1"] and first.node == "b"
     assert lines[k + 3].split()[4] == f"{first.fragmented:.2f}" and len(lines) == k + 4  # "a" has none
     full = summary_text([fill()], small_workload())
-    assert "most fragmented nodes, binpack: none (at the end of the run)" in full.splitlines()
+    assert "most fragmented nodes, binpack (at the end of the run): none" in full.splitlines()
 
 
 def test_failure_reasons_csv_and_node_csv(tmp_path):
@@ -295,3 +295,52 @@ def test_trace_node_table_is_taken_at_the_checkpoint_of_highest_allocation_and_j
     assert j["failure_reasons"] == dict(r.failure_reasons) and sum(j["failure_reasons"].values()) == 1
     text = summary_text([r], trace_workload())
     assert "  binpack: peak 75.00% at trace time 10 s; 1 GPU pods were refused" in text
+
+
+def test_a_run_with_pods_placed_reports_the_start_once(tmp_path):
+    # n0's first card holds a placed pod (75 % of the cores, 12000 of 15360 MiB, 2 CPUs): its free
+    # quarter fits few shapes, so n0 is the most fragmented node of the start; n1 is idle.
+    import yaml
+
+    from hami import annotations as A
+    from hami.model import ContainerDevice
+    from hami.simulate import kubeyaml
+    from hami.simulate.start import split
+
+    ns = [node("n0", 2), node("n1", 2)]
+    uuid = ns[0].cards[0].uuid
+    manifest = {
+        "kind": "Pod",
+        "metadata": {"name": "held", "namespace": "default", "annotations": {
+            A.NVIDIA_ALLOCATED: A.encode_pod_devices([[ContainerDevice(uuid, "NVIDIA", 12000, 75)]]),
+            A.ASSIGNED_NODE: "n0",
+        }},
+        "spec": {"schedulerName": CFG.scheduler.schedulerName, "nodeName": "n0", "containers": [{
+            "name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "12000", "nvidia.com/gpucores": "75"},
+                "requests": {"cpu": "2", "memory": "1Gi"}}}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    placed, _ = split(kubeyaml.load_pods("pods.yaml", config=CFG, text=yaml.safe_dump(manifest)), CFG)
+    w = Workload(ns, [], nodes_source="nodes.yaml", pods_source="pods.yaml")
+    r = run(w, config=CFG, policy=Policy("binpack", "binpack"), mode=Mode.TRACE, placed=placed)
+    start = r.start_fragmentation
+    assert start is not None and r.state.usage_snapshot()["n0"] == {uuid: (1, 12000, 75)}
+    memo, scratch = reference(r.state, ns, {"n0": 6000, "n1": 8000})
+    assert abs(start.fragmented - memo) < 1e-9 and abs(start.fragmented - scratch) < 1e-6
+    assert round(start.free, 6) == 3.25
+    ranked = top_nodes(r.start_node_fragmentation)
+    assert [x.node for x in ranked] == ["n0", "n1"] and ranked[0].fragmented > ranked[1].fragmented
+    j = result_json(r, w)["fragmentation"]["start"]
+    assert j["at"] == "start" and [x["node"] for x in j["top"]] == ["n0", "n1"]
+    text = summary_text([r, r], w).splitlines()
+    heads = [x for x in text if x.startswith("most fragmented nodes at the start")]
+    assert len(heads) == 1 and "of 3.2 free cards fragmented" in heads[0]
+    assert FragmentationMeter(r.state).measure().fragmented == start.fragmented  # nothing arrived
+    rows = list(csv.DictReader(write_tables([r], tmp_path)[0].open()))
+    assert [(x["policy"], x["node"]) for x in rows] == [
+        ("start", "n0"),
+        ("start", "n1"),
+        ("binpack", "n0"),
+        ("binpack", "n1"),
+    ]
