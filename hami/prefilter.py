@@ -233,8 +233,9 @@ class VerdictIndex:
     nodes calls `changed(name)` whenever anything `node_verdict` reads may have changed (usage,
     registration, unusable reason, removal) and `reset()` when it replaces them all; `candidates`
     then re-judges only the nodes changed since the demand was last asked for, and answers a filter
-    with set lookups over the candidate names. The verdicts are exactly `prefilter`'s (a property test
-    holds that). At most `max_demands` demands are kept (least recently used first out): each holds a
+    with set lookups over the candidate names; a call naming fewer than half as many nodes as there
+    are to re-judge judges just the named ones (`prefilter`) and leaves the demand's verdicts behind.
+    The verdicts are exactly `prefilter`'s (a property test holds that). At most `max_demands` demands are kept (least recently used first out): each holds a
     set and a dict over all nodes, about 1 MiB at 10,000 nodes.
     """
 
