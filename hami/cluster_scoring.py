@@ -7,12 +7,13 @@ the state's bookkeeping; methods on a base class cost the filter nothing beyond 
 
 from __future__ import annotations
 
-import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hami import fragmentation
 from hami.fit import fit_pod
+from hami.fragmentation_table import NodeTermTable
 from hami.model import Selection
 from hami.pods import ContainerSpec
 from hami.scoring import PolicyChoice
@@ -20,6 +21,9 @@ from hami.vendors.base import Vendor
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
+
+
+_NAME = operator.attrgetter("name")
 
 
 class PolicyScoring:
@@ -78,7 +82,8 @@ class PolicyScoring:
         self, candidates: Sequence[_Node], shapes: Mapping[str, tuple[fragmentation.Shape, ...]]
     ) -> list[tuple[Any, str, _Node]]:
         """Heap entries under the `fragmentation` node policy: the smallest increase of the node's
-        expected fragmentation for the pod (cached per node until its usage or the learned workload
+        expected fragmentation for the pod (one-container pods: from the per-node columns of
+        `hami.fragmentation_table`; others cached per node until its usage or the learned workload
         changes), ties to the fuller node (binpack), then by name."""
         model = self.fragmentation
         version = model.version
@@ -100,37 +105,14 @@ class PolicyScoring:
                     x = memo[key] = fragmentation.pod_delta(model, n.devices, n.usage, shapes, n.cpu_free())
                 out.append(((x, -n.current_score()), n.name, n))
             return out
-        # One container: the GPU part of the move is cached per GPU shape, the node's value before the
-        # pod once, and the increase per (GPU shape, pod CPU); a miss costs one evaluation.
-        gpu_key = ("gpu", single._replace(cpu=0))
-        key = (single.nums, single.mem, single.pct, single.cores, single.types, single.cpu)
-        for n in candidates:
-            memo = n.frag
-            if memo.get(None) != version:
-                memo.clear()
-                memo[None] = version
-            x = memo.get(key)
-            if x is None:
-                cpu_free = n.cpu_free()
-                before = memo.get("before")
-                if before is None:
-                    look = fragmentation.usage_of(n.usage)
-                    before = memo["before"] = model.value_of(
-                        *model.node_terms(n.devices.get(vendor, ()), look), cpu_free
-                    )
-                move = memo.get(gpu_key, False)
-                if move is False:
-                    move = memo[gpu_key] = model.gpu_move(
-                        n.devices.get(vendor, ()), fragmentation.usage_of(n.usage), single
-                    )
-                if move is None:
-                    x = math.inf
-                else:
-                    after_cpu = None if cpu_free is None else cpu_free - single.cpu
-                    x = model.value_of(move[0], move[1], after_cpu) - before
-                memo[key] = x
-            out.append(((x, -n.current_score()), n.name, n))
-        return out
+        # One container: every candidate at once from the per-node columns (hami.fragmentation_table),
+        # refreshed only where a node changed since the previous filter.
+        table = model.tables.get(vendor)
+        if table is None:
+            table = model.tables[vendor] = NodeTermTable(model, vendor)
+        xs = table.keys(candidates, single).tolist()
+        scores = [-(s if (s := n.score) is not None else n.current_score()) for n in candidates]
+        return list(zip(zip(xs, scores, strict=True), map(_NAME, candidates), candidates, strict=True))
 
     def _score_terms(
         self, n: _Node, shapes: Mapping[str, tuple[fragmentation.Shape, ...]], policy: PolicyChoice

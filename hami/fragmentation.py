@@ -305,6 +305,9 @@ class FragmentationModel:
         self._cpu = tuple(s.cpu for s in self._shapes)
         self._memo: dict[tuple, tuple[float, tuple[int, ...]]] = {}
         self._moves: dict[tuple, tuple[float, tuple[int, ...]] | None] = {}
+        #: Per vendor, the node terms of this distribution as columns (`hami.fragmentation_table`),
+        #: built by the filter that scores with them; dropped with the memo.
+        self.tables: dict[str, Any] = {}
         self.version += 1
 
     # -- learning ---------------------------------------------------------------------------------
@@ -409,14 +412,26 @@ class FragmentationModel:
         """`F_n(M)` of a node from its `node_terms` and free CPU (millicores, None: no limit)."""
         return self._value(free, k, cpu_free)
 
+    @staticmethod
+    def node_states(devices: Sequence[Device], usage: Callable[[str], DeviceUsage]) -> tuple:
+        """The node's card states, sorted: nodes with equal states have equal terms (up to the order
+        in which their free compute is summed) and the same `gpu_move`."""
+        return tuple(sorted(_state(d, usage(d.uuid)) for d in devices))
+
     def gpu_move(
-        self, devices: Sequence[Device], usage: Callable[[str], DeviceUsage], shape: Shape
+        self,
+        devices: Sequence[Device],
+        usage: Callable[[str], DeviceUsage],
+        shape: Shape,
+        states: tuple | None = None,
     ) -> tuple[float, tuple[int, ...]] | None:
         """The node's `node_terms` after one container of `shape` goes where the GPU terms prefer
         (its `nums` cards of lowest increase, judged without CPU, as the fit orders them), or None when
-        fewer than `nums` cards serve it. The pod's CPU is applied by the caller (`value_of`)."""
+        fewer than `nums` cards serve it. The pod's CPU is applied by the caller (`value_of`).
+        `states` is the node's `node_states` when the caller has it already."""
         # Nodes in the same state (idle ones, full ones: most of a fleet) share the answer.
-        states = tuple(sorted(_state(d, usage(d.uuid)) for d in devices))
+        if states is None:
+            states = self.node_states(devices, usage)
         mkey = (states, shape)
         if mkey in self._moves:
             return self._moves[mkey]

@@ -1,0 +1,329 @@
+"""The `fragmentation` node policy's per-node terms kept as numpy columns, so that one filter scores
+every candidate node with a few array operations instead of a Python loop over the active shapes per
+node (pure; no I/O, no clock).
+
+Why: the policy's key of a node is ``F_n(M)`` after the pod minus before (`hami.fragmentation`), a sum
+over up to 64 learned shapes. Cached per node and pod shape, a filter was cheap only when every node
+had seen the pod's exact shape (CPU request included) since its last change; about 2 % of the
+filters on the Alibaba trace met a new shape and recomputed that sum in Python for most nodes
+(30-60 ms at 1213 nodes). Here a miss costs the same array work as a hit:
+
+- per node (a *slot*): its free compute (cards, summed in the node's card order as
+  `FragmentationModel.node_terms` does), its free CPU (millicores), its value ``F_n(M)`` before the
+  pod, and the id of its *state* (its sorted card states, `FragmentationModel.node_states`). A node is
+  refreshed when its `_Node.frag` memo was cleared, which `hami.cluster` does on every change of the
+  node's usage, cards or CPU: a filter refreshes only the nodes changed since the previous one;
+- per state: the containers of each active shape its cards could take (an integer column, the same
+  for every node in that state), and per GPU shape (the pod's shape without its CPU) the node's terms
+  after `FragmentationModel.gpu_move`. Nodes in one state (idle nodes, full nodes) share them, and a
+  state id is reused only after no node is left in it;
+- the pod's CPU request enters only in the vectorised value after the move, so a new CPU request is
+  no miss at all.
+
+The values are bit for bit those of the scalar path (`FragmentationModel.value_of` of `node_terms` and
+`gpu_move`): the same floating-point operations in the same order, the sum over shapes being a
+reduction over axis 0, which numpy performs row by row (a property test holds the equality), so the
+policy's placements are unchanged.
+
+A table belongs to one active distribution and vendor (`FragmentationModel.tables`, dropped when the
+learned workload is refreshed). Not thread-safe: `hami.cluster.ClusterState` calls it under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hami.fragmentation import FragmentationModel, Shape, usage_of
+
+if TYPE_CHECKING:
+    from hami.node_order import _Node
+
+#: Bound on the cells (shapes x states) of the per-GPU-shape move columns kept at once (4 bytes each);
+#: the least recently used GPU shapes are dropped beyond it and recomputed from the model's memo.
+MAX_MOVE_CELLS = 16_000_000
+#: Bound on the cells (pod shapes x nodes) of the remembered keys (12 bytes each), likewise.
+MAX_KEY_CELLS = 4_000_000
+
+
+class _Moves:
+    """The node terms after one container of a GPU shape, per state id (valid where `known`)."""
+
+    __slots__ = ("free", "k", "ok", "known")
+
+    def __init__(self, shapes: int, cap: int) -> None:
+        self.free = np.zeros(cap)
+        self.k = np.zeros((shapes, cap), dtype=np.int32)
+        self.ok = np.zeros(cap, dtype=bool)
+        self.known = np.zeros(cap, dtype=bool)
+
+    def grow(self, cap: int) -> None:
+        n = len(self.known)
+        if n >= cap:
+            return
+        self.free = np.concatenate([self.free, np.zeros(cap - n)])
+        self.k = np.concatenate([self.k, np.zeros((self.k.shape[0], cap - n), dtype=np.int32)], axis=1)
+        self.ok = np.concatenate([self.ok, np.zeros(cap - n, dtype=bool)])
+        self.known = np.concatenate([self.known, np.zeros(cap - n, dtype=bool)])
+
+
+class _Keys:
+    """The policy's key per slot for one pod shape (GPU shape and CPU), valid where `at` is the
+    slot's stamp (the slot was not refreshed since)."""
+
+    __slots__ = ("x", "at")
+
+    def __init__(self, cap: int) -> None:
+        self.x = np.zeros(cap)
+        self.at = np.full(cap, -1, dtype=np.int64)
+
+    def grow(self, cap: int) -> None:
+        n = len(self.at)
+        if n < cap:
+            self.x = np.concatenate([self.x, np.zeros(cap - n)])
+            self.at = np.concatenate([self.at, np.full(cap - n, -1, dtype=np.int64)])
+
+
+class NodeTermTable:
+    """Per-node and per-state fragmentation terms of one vendor's cards under `model.active`.
+
+    `keys(candidates, shape)` gives, per candidate node, the increase of its ``F_n(M)`` (cards) when
+    one container of `shape` goes where `FragmentationModel.gpu_move` puts it and the pod takes
+    `shape.cpu` millicores, `inf` where fewer than `shape.nums` cards serve it: the key of the
+    `fragmentation` node policy. `values` is ``F_n(M)`` of given terms, vectorised. Nodes that leave
+    the cluster keep their slot until the table is dropped (at the next workload refresh).
+    """
+
+    def __init__(self, model: FragmentationModel, vendor: str) -> None:
+        self.model, self.vendor = model, vendor
+        #: The marker a refreshed node carries in its `_Node.frag` memo, mapped to its slot.
+        self.token = object()
+        self._version = model.version
+        s = self._s = len(model._shapes)
+        nums = np.array(model._nums, dtype=np.float64)
+        self._multi = np.flatnonzero(nums > 1)
+        self._multi_nums = nums[self._multi].reshape(-1, 1)
+        self._use = np.array(model._use, dtype=np.float64).reshape(s, 1)
+        self._p = np.array(model._p, dtype=np.float64).reshape(s, 1)
+        cpu = np.array(model._cpu, dtype=np.int64)
+        self._cpu_rows = np.flatnonzero(cpu > 0)
+        self._cpu_m = cpu[self._cpu_rows].astype(np.float64).reshape(-1, 1)
+        # per slot
+        self._slot: dict[str, int] = {}
+        self._slot_states: list[tuple | None] = []
+        self._free = np.zeros(0)
+        self._cpu = np.zeros(0, dtype=np.int64)
+        self._has_cpu = np.zeros(0, dtype=bool)
+        self._before = np.zeros(0)
+        self._sid = np.zeros(0, dtype=np.intp)
+        self._stamp = np.zeros(0, dtype=np.int64)  # bumped on every refresh of the slot
+        self._tick = 0
+        # per pod shape, least recently used first
+        self._keys: OrderedDict[Shape, _Keys] = OrderedDict()
+        # per state id
+        self._sid_of: dict[tuple, int] = {}
+        self._states: list[tuple | None] = []
+        self._refs: list[int] = []
+        self._spare: list[int] = []
+        self._k = np.zeros((s, 0), dtype=np.int32)
+        # per GPU shape, least recently used first
+        self._moves: OrderedDict[Shape, _Moves] = OrderedDict()
+
+    # -- the vectorised measure -----------------------------------------------------------------
+
+    def values(self, free: np.ndarray, k: np.ndarray, cpu: np.ndarray, has_cpu: np.ndarray) -> np.ndarray:
+        """``F_n(M)`` (cards) per column: `free` compute (cards, shape (n,)), `k` containers per active
+        shape (shape (shapes, n)), free `cpu` millicores where `has_cpu` (elsewhere no CPU limit).
+        Equals `FragmentationModel.value_of` of each column exactly."""
+        if len(free) == 1:
+            # A single column would be summed pairwise (see below): give it a twin and drop it.
+            twin = self.values(
+                np.repeat(free, 2), np.repeat(k, 2, axis=1), np.repeat(cpu, 2), np.repeat(has_cpu, 2)
+            )
+            return twin[:1]
+        # Counts as floats, row-major (gathered columns come out column-major: see the sum below).
+        # floor(a / b) of floats is a // b for integers with a + b < 2**53, and float division is
+        # several times faster than integer division in numpy.
+        c = np.array(k, dtype=np.float64, order="C")
+        if self._multi.size:
+            c[self._multi] = np.floor(c[self._multi] / self._multi_nums)
+        if self._cpu_rows.size:
+            # kube-scheduler's fit: a node feeds at most floor(cpu_free / cpu_m) pods of shape m, none
+            # when it has no free CPU
+            cap = np.floor(np.maximum(cpu, 0).astype(np.float64) / self._cpu_m)
+            if not has_cpu.all():
+                cap[:, ~has_cpu] = np.inf
+            c[self._cpu_rows] = np.minimum(c[self._cpu_rows], cap)
+        c *= self._use
+        np.minimum(c, free, out=c)
+        c *= self._p
+        # numpy sums pairwise only along the axis that is contiguous in memory (numpy.sum, Notes): the
+        # sum over axis 0 of a row-major array of several columns adds the shapes one by one, in the
+        # scalar path's order, so the result is the same float.
+        return free - c.sum(axis=0)
+
+    # -- slots and states -----------------------------------------------------------------------
+
+    def _grow_slots(self) -> None:
+        cap = max(64, 2 * len(self._free))
+        extra = cap - len(self._free)
+        self._free = np.concatenate([self._free, np.zeros(extra)])
+        self._cpu = np.concatenate([self._cpu, np.zeros(extra, dtype=np.int64)])
+        self._has_cpu = np.concatenate([self._has_cpu, np.zeros(extra, dtype=bool)])
+        self._before = np.concatenate([self._before, np.zeros(extra)])
+        self._sid = np.concatenate([self._sid, np.full(extra, -1, dtype=np.intp)])
+        self._stamp = np.concatenate([self._stamp, np.zeros(extra, dtype=np.int64)])
+        self._slot_states.extend([None] * extra)
+
+    def _state_id(self, states: tuple, terms: Sequence[tuple[float, tuple[int, ...]]]) -> int:
+        sid = self._sid_of.get(states)
+        if sid is not None:
+            self._refs[sid] += 1
+            return sid
+        if self._spare:
+            sid = self._spare.pop()
+        else:
+            sid = len(self._states)
+            self._states.append(None)
+            self._refs.append(0)
+            if sid >= self._k.shape[1]:
+                grow = max(64, self._k.shape[1])
+                self._k = np.concatenate([self._k, np.zeros((self._s, grow), dtype=np.int32)], axis=1)
+        self._sid_of[states] = sid
+        self._states[sid] = states
+        self._refs[sid] = 1
+        # containers per shape summed over the cards: integers, so the card order does not matter
+        if terms:
+            self._k[:, sid] = np.sum([t[1] for t in terms], axis=0, dtype=np.int64)
+        else:
+            self._k[:, sid] = 0
+        return sid
+
+    def _release_state(self, sid: int) -> None:
+        self._refs[sid] -= 1
+        if self._refs[sid] == 0:
+            del self._sid_of[self._states[sid]]
+            self._states[sid] = None
+            self._spare.append(sid)
+            for m in self._moves.values():
+                if sid < len(m.known):
+                    m.known[sid] = False
+
+    def _refresh(self, nodes: Sequence[_Node]) -> list[int]:
+        """Bring the slots of `nodes` (changed since their last refresh) up to date; their slots."""
+        model, vendor, token, version = self.model, self.vendor, self.token, self._version
+        card_terms, node_states = model.card_terms, model.node_states
+        out = []
+        for n in nodes:
+            slot = self._slot.get(n.name)
+            if slot is None:
+                slot = self._slot[n.name] = len(self._slot)
+                if slot >= len(self._free):
+                    self._grow_slots()
+            devices = n.devices.get(vendor, ())
+            look = usage_of(n.usage)
+            terms = [card_terms(d, look(d.uuid)) for d in devices]
+            states = node_states(devices, look)
+            if states != self._slot_states[slot]:
+                old = int(self._sid[slot])
+                self._sid[slot] = self._state_id(states, terms)
+                if old >= 0:
+                    self._release_state(old)
+                self._slot_states[slot] = states
+            # summed in card order, as node_terms does (the float sum depends on the order)
+            self._free[slot] = sum(t[0] for t in terms)
+            cpu = n.cpu_free()
+            self._has_cpu[slot] = cpu is not None
+            self._cpu[slot] = 0 if cpu is None else cpu
+            self._tick += 1
+            self._stamp[slot] = self._tick
+            memo = n.frag
+            if memo.get(None) != version:
+                memo.clear()
+                memo[None] = version
+            memo[token] = slot
+            out.append(slot)
+        if out:
+            idx = np.array(out, dtype=np.intp)
+            self._before[idx] = self.values(self._free[idx], self._k[:, self._sid[idx]], self._cpu[idx],
+                                            self._has_cpu[idx])  # fmt: skip
+        return out
+
+    def slots(self, candidates: Sequence[_Node]) -> np.ndarray:
+        """The slots of `candidates` (in their order), refreshing those that changed."""
+        token = self.token
+        got = [n.frag.get(token) for n in candidates]
+        if None in got:
+            stale = [i for i, s in enumerate(got) if s is None]
+            for i, s in zip(stale, self._refresh([candidates[i] for i in stale]), strict=True):
+                got[i] = s
+        return np.array(got, dtype=np.intp)
+
+    # -- moves ----------------------------------------------------------------------------------
+
+    def _moves_for(self, gpu: Shape) -> _Moves:
+        m = self._moves.get(gpu)
+        if m is None:
+            m = self._moves[gpu] = _Moves(self._s, self._k.shape[1])
+            while len(self._moves) > 1 and len(self._moves) * self._s * self._k.shape[1] > MAX_MOVE_CELLS:
+                self._moves.popitem(last=False)
+        else:
+            self._moves.move_to_end(gpu)
+            m.grow(self._k.shape[1])
+        return m
+
+    def _fill_moves(self, m: _Moves, gpu: Shape, sids: np.ndarray, nodes: Sequence[_Node]) -> None:
+        """Compute the moves of the states in `sids` (of `nodes`, aligned) not known yet."""
+        missing = np.flatnonzero(~m.known[sids])
+        if not missing.size:
+            return
+        # one node per state, the first in it (the one the scalar path would have used)
+        found, first = np.unique(sids[missing], return_index=True)
+        model, vendor = self.model, self.vendor
+        for sid, i in zip(found.tolist(), missing[first].tolist(), strict=True):
+            n = nodes[i]
+            move = model.gpu_move(n.devices.get(vendor, ()), usage_of(n.usage), gpu, states=self._states[sid])
+            if move is None:
+                m.ok[sid] = False
+            else:
+                m.ok[sid] = True
+                m.free[sid] = move[0]
+                m.k[:, sid] = move[1]
+            m.known[sid] = True
+
+    def _keys_for(self, shape: Shape) -> _Keys:
+        kc = self._keys.get(shape)
+        cap = len(self._free)
+        if kc is None:
+            kc = self._keys[shape] = _Keys(cap)
+            while len(self._keys) > 1 and len(self._keys) * cap > MAX_KEY_CELLS:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(shape)
+            kc.grow(cap)
+        return kc
+
+    def keys(self, candidates: Sequence[_Node], shape: Shape) -> np.ndarray:
+        """Per candidate, the increase of its ``F_n(M)`` (cards) by one container of `shape` and the
+        pod's CPU (`shape.cpu` millicores), `inf` where the shape cannot be served; float64, shape (n,).
+        Computed for the candidates refreshed since this shape's last filter, the rest remembered."""
+        if self.model.version != self._version:
+            raise RuntimeError("fragmentation table used after the learned workload was refreshed")
+        slots = self.slots(candidates)
+        kc = self._keys_for(shape)
+        stale = np.flatnonzero(kc.at[slots] != self._stamp[slots])
+        if stale.size:
+            at = slots[stale]
+            sids = self._sid[at]
+            gpu = shape._replace(cpu=0)
+            m = self._moves_for(gpu)
+            self._fill_moves(m, gpu, sids, [candidates[i] for i in stale.tolist()])
+            after = self.values(m.free[sids], m.k[:, sids], self._cpu[at] - shape.cpu, self._has_cpu[at])
+            x = after - self._before[at]
+            x[~m.ok[sids]] = np.inf
+            kc.x[at] = x
+            kc.at[at] = self._stamp[at]
+        return kc.x[slots]
