@@ -12,8 +12,8 @@ the node's cards and usage, the pod and its policies (the fragmentation policies
 learned workload and the node's CPU, and namespaces with quotas are not narrowed). So the filter is
 handed the first `FIRST_CALL` fitting nodes in its order that are not known refused; a later node is
 never better, so when one of them fits it is the node one call with every fitting node would choose;
-when none fits, the rest follow in a second call, and a pod that fits nowhere gets, per node, the
-reason the filter gave (now or while the node was as it is), as one call would. Tests compare the
+when none fits, the next nodes in order follow (4x as many each call), and a pod that fits nowhere
+gets, per node, the reason the filter gave (now or while the node was as it is), as one call would. Tests compare the
 placements with those of one call per pod.
 
 The order is binpack's (fullest first) or spread's (emptiest first), ties by node name
@@ -35,7 +35,7 @@ from hami.cluster import ClusterState
 from hami.scoring import NodePolicy
 
 #: Nodes in the first call: with the known refusals left out, the first of them nearly always fits;
-#: when none does, the second call gets all the rest.
+#: when none does, the next call gets the next 4x as many.
 FIRST_CALL = 16
 
 

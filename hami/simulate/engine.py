@@ -18,6 +18,7 @@ Modes:
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 import math
 import random
@@ -551,7 +552,7 @@ class _Replay:
     ) -> tuple[FilterOutcome, Counter[str] | None]:
         """`ClusterState.filter` over the nodes of `fitting`, and when nothing fits the number of nodes per
         reason (None: count `failed_nodes`). The best few nodes in the filter's own order that it has not
-        refused yet go first, the rest only when none of those fits (`hami.simulate.candidates`; the
+        refused yet go first, the next ones only while none fits (`hami.simulate.candidates`; the
         decision and the reasons are those of one call with every node)."""
         plan = self.plan_for(pod, obj)
         if plan is None:
@@ -563,9 +564,14 @@ class _Replay:
         if out.error is not None or out.no_devices:
             return out, None
         known.learn(r, out.failed_nodes, index)
-        if out.node is None and len(rest):
-            out = self.state.filter(obj, order.names_of(rest), now=self.stamp, explain=False)
+        size = 4 * len(first)
+        while out.node is None and len(rest):
+            # The next nodes in order, 4x as many each time: the node that fits is usually among the
+            # first few, and a pod that fits nowhere is refused by every node at most once.
+            chunk, rest = rest[:size], rest[size:]
+            out = self.state.filter(obj, order.names_of(chunk), now=self.stamp, explain=False)
             known.learn(r, out.failed_nodes, index)
+            size *= 4
         if out.node is not None:
             self.refresh(index[out.node])
             return out, None
@@ -701,6 +707,12 @@ def run(
                 f"(first: {missing[0]}); use --mode fill for pod lists without times"
             )
     replay = _Replay(workload, cfg, result, curve_step if mode is Mode.FILL else float("inf"), placed)
+    # The workload and the state built so far live through the run: out of the collector's sight, a
+    # full collection (which a replay of many pods sets off now and then) walks only what the replay
+    # adds. Only when no caller froze objects itself, so unfreezing at the end gives back just these.
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.freeze()
     started = time.perf_counter()
     if mode is Mode.FILL:
         rng = random.Random(seed)
@@ -772,6 +784,8 @@ def run(
             if progress is not None and done % 32 == 0:
                 progress(done / total)
     result.elapsed_s = time.perf_counter() - started
+    if froze:
+        gc.unfreeze()
     result.arrived_gpu_demand = replay.arrived_pct
     result.gpu_allocation_ratio, result.memory_allocation_ratio = replay.usage.ratios()
     result.per_model = replay.usage.per_model()

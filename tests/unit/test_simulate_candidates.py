@@ -32,7 +32,7 @@ def _run(workload, policy, mode, *, narrowed, monkeypatch, first=None):
 def test_same_placements_and_failure_reasons_as_one_call_with_every_node(policy, mode, monkeypatch):
     w = generate_default(config=CFG, seed=2, nodes=60, pods=900)
     whole = _run(w, policy, mode, narrowed=False, monkeypatch=monkeypatch)
-    # A first call of 2 nodes makes the second call (the rest) common, not only the first one.
+    # A first call of 2 nodes makes the next calls (8, 32, ... nodes) common, not only the first one.
     for first in (None, 2):
         part = _run(w, policy, mode, narrowed=True, monkeypatch=monkeypatch, first=first)
         assert part.placements == whole.placements
@@ -59,7 +59,7 @@ def test_the_narrowed_replay_hands_the_filter_few_names(monkeypatch):
     r = run(w, config=CFG, policy=parse_policy("binpack"), mode=Mode.FILL, seed=1)
     gpu_calls = r.gpu_pods
     assert len(sizes) >= gpu_calls
-    # Most calls get the first few nodes; only a few get the rest.
+    # Most calls get the first few nodes; only a few get the next ones.
     assert sum(1 for s in sizes if s <= 16) > 0.8 * len(sizes)
     assert len(sizes) < 1.3 * gpu_calls
 
