@@ -33,14 +33,18 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hami.fragmentation import FragmentationModel, Shape, usage_of
+from hami.fragmentation import FragmentationModel, Shape, serves, usage_of
+from hami.model import DeviceUsage
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
+
+_FRAG = attrgetter("frag")
 
 #: Bound on the cells (shapes x states) of the per-GPU-shape move columns kept at once (4 bytes each);
 #: the least recently used GPU shapes are dropped beyond it and recomputed from the model's memo.
@@ -216,7 +220,10 @@ class NodeTermTable:
         """Bring the slots of `nodes` (changed since their last refresh) up to date; their slots."""
         model, vendor, token, version = self.model, self.vendor, self.token, self._version
         card_terms, node_states = model.card_terms, model.node_states
-        out = []
+        out: list[int] = []
+        free: list[float] = []
+        cpus: list[int] = []
+        has_cpu: list[bool] = []
         for n in nodes:
             slot = self._slot.get(n.name)
             if slot is None:
@@ -234,12 +241,10 @@ class NodeTermTable:
                     self._release_state(old)
                 self._slot_states[slot] = states
             # summed in card order, as node_terms does (the float sum depends on the order)
-            self._free[slot] = sum(t[0] for t in terms)
+            free.append(sum(t[0] for t in terms))
             cpu = n.cpu_free()
-            self._has_cpu[slot] = cpu is not None
-            self._cpu[slot] = 0 if cpu is None else cpu
-            self._tick += 1
-            self._stamp[slot] = self._tick
+            has_cpu.append(cpu is not None)
+            cpus.append(0 if cpu is None else cpu)
             memo = n.frag
             if memo.get(None) != version:
                 memo.clear()
@@ -248,14 +253,18 @@ class NodeTermTable:
             out.append(slot)
         if out:
             idx = np.array(out, dtype=np.intp)
+            self._free[idx] = free
+            self._cpu[idx] = cpus
+            self._has_cpu[idx] = has_cpu
+            self._stamp[idx] = np.arange(self._tick + 1, self._tick + 1 + len(out))
+            self._tick += len(out)
             self._before[idx] = self.values(self._free[idx], self._k[:, self._sid[idx]], self._cpu[idx],
                                             self._has_cpu[idx])  # fmt: skip
         return out
 
     def slots(self, candidates: Sequence[_Node]) -> np.ndarray:
         """The slots of `candidates` (in their order), refreshing those that changed."""
-        token = self.token
-        got = [n.frag.get(token) for n in candidates]
+        got = list(map(methodcaller("get", self.token), map(_FRAG, candidates)))  # C-level loops
         if None in got:
             stale = [i for i, s in enumerate(got) if s is None]
             for i, s in zip(stale, self._refresh([candidates[i] for i in stale]), strict=True):
@@ -276,23 +285,83 @@ class NodeTermTable:
         return m
 
     def _fill_moves(self, m: _Moves, gpu: Shape, sids: np.ndarray, nodes: Sequence[_Node]) -> None:
-        """Compute the moves of the states in `sids` (of `nodes`, aligned) not known yet."""
+        """Compute the moves of the states in `sids` (of `nodes`, aligned) not known yet: what
+        `FragmentationModel.gpu_move` computes, with the candidate cards of all those states judged in
+        one vectorised evaluation."""
         missing = np.flatnonzero(~m.known[sids])
         if not missing.size:
             return
-        # one node per state, the first in it (the one the scalar path would have used)
+        # one node per state, the first in it
         found, first = np.unique(sids[missing], return_index=True)
-        model, vendor = self.model, self.vendor
+        vendor, card_terms = self.vendor, self.model.card_terms
+        nums, cores = gpu.nums, gpu.cores
+        todo: list[tuple[int, list, list, float]] = []  # (state id, card terms, candidates, free)
+        owner: list[int] = []
+        r0: list[float] = []
+        r1: list[float] = []
+        k0: list[tuple[int, ...]] = []
+        k1: list[tuple[int, ...]] = []
         for sid, i in zip(found.tolist(), missing[first].tolist(), strict=True):
             n = nodes[i]
-            move = model.gpu_move(n.devices.get(vendor, ()), usage_of(n.usage), gpu, states=self._states[sid])
-            if move is None:
-                m.ok[sid] = False
-            else:
-                m.ok[sid] = True
-                m.free[sid] = move[0]
-                m.k[:, sid] = move[1]
+            look = usage_of(n.usage)
+            terms = []
+            cands = []  # (card index, its terms after one container of the shape)
+            seen = set()
+            serving = 0
+            for ci, d in enumerate(n.devices.get(vendor, ())):
+                u = look(d.uuid)
+                terms.append(card_terms(d, u))
+                if not serves(d, u, gpu):
+                    continue
+                serving += 1
+                if nums == 1:  # cards in one state are interchangeable: try one of them
+                    key = (d.type, d.devmem, d.devcore, d.count, d.health, u.used, u.usedmem, u.usedcores)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                mem = gpu.mem_on(d.devmem)
+                cands.append(
+                    (ci, card_terms(d, DeviceUsage(u.used + 1, u.usedmem + mem, u.usedcores + cores)))
+                )
             m.known[sid] = True
+            if serving < nums:
+                m.ok[sid] = False
+                continue
+            w = len(todo)
+            todo.append((sid, terms, cands, sum(t[0] for t in terms)))  # card order, as node_terms
+            for ci, t in cands:
+                owner.append(w)
+                r0.append(terms[ci][0])
+                r1.append(t[0])
+                k0.append(terms[ci][1])
+                k1.append(t[1])
+        if not todo:
+            return
+        # each candidate card's increase of F_n(M) without CPU, as FragmentationModel._deltas
+        own = np.array(owner, dtype=np.intp)
+        free = np.array([t[3] for t in todo])
+        k = self._k[:, np.array([t[0] for t in todo], dtype=np.intp)].astype(np.int64)
+        no_cpu = np.zeros(len(todo), dtype=np.int64)
+        before = self.values(free, k, no_cpu, no_cpu.astype(bool))
+        change = np.array(k1, dtype=np.int64).T - np.array(k0, dtype=np.int64).T
+        k2 = k[:, own] + change
+        no_cpu = np.zeros(len(own), dtype=np.int64)
+        after = self.values(free[own] - np.array(r0) + np.array(r1), k2, no_cpu, no_cpu.astype(bool))
+        deltas = (after - before[own]).tolist()
+        pos = 0
+        for w, (sid, terms, cands, _) in enumerate(todo):
+            d = deltas[pos : pos + len(cands)]
+            best = sorted(range(len(cands)), key=lambda j: (d[j], j))[:nums]  # as the fit orders cards
+            for j in best:
+                terms[cands[j][0]] = cands[j][1]
+            m.free[sid] = sum(t[0] for t in terms)
+            m.k[:, sid] = (
+                k2[:, pos + best[0]]
+                if nums == 1
+                else k[:, w] + change[:, [pos + j for j in best]].sum(axis=1)
+            )
+            m.ok[sid] = True
+            pos += len(cands)
 
     def _keys_for(self, shape: Shape) -> _Keys:
         kc = self._keys.get(shape)
