@@ -220,8 +220,18 @@ def total_variation(a: Mapping[Shape, float], b: Mapping[Shape, float]) -> float
 # the model the scheduler scores with
 
 
-def _state(d: Device, u: DeviceUsage) -> tuple:
+def card_state(d: Device, u: DeviceUsage) -> tuple:
+    """What a card's terms depend on: (type, devmem, devcore, count, health, used, usedmem, usedcores)."""
     return (d.type, d.devmem, d.devcore, d.count, d.health, u.used, u.usedmem, u.usedcores)
+
+
+def card_of_state(state: tuple) -> tuple[Device, DeviceUsage]:
+    """A card and its usage in the given `card_state` (no UUID: for the measure only)."""
+    typ, devmem, devcore, count, health, used, usedmem, usedcores = state
+    return Device("", 0, count, devmem, devcore, typ, health=health), DeviceUsage(used, usedmem, usedcores)
+
+
+_state = card_state
 
 
 def containers_on(d: Device, u: DeviceUsage, s: Shape) -> int:

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hami.fragmentation import FragmentationModel, Shape, serves, usage_of
-from hami.model import DeviceUsage
+from hami.fragmentation import FragmentationModel, Shape, card_of_state, card_state, serves, usage_of
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
@@ -130,9 +129,14 @@ class NodeTermTable:
         # per state id
         self._sid_of: dict[tuple, int] = {}
         self._states: list[tuple | None] = []
+        self._order: list[tuple] = []  # card states in the card order of the node that made the id
         self._refs: list[int] = []
         self._spare: list[int] = []
         self._k = np.zeros((s, 0), dtype=np.int32)
+        # per card state, its terms; per GPU shape and card state, the terms after one container of
+        # that shape (None: the card does not serve it)
+        self._card: dict[tuple, tuple[float, tuple[int, ...]]] = {}
+        self._card_moves: dict[Shape, dict[tuple, tuple[float, tuple[int, ...]] | None]] = {}
         # per GPU shape, least recently used first
         self._moves: OrderedDict[Shape, _Moves] = OrderedDict()
 
@@ -182,7 +186,9 @@ class NodeTermTable:
         self._stamp = np.concatenate([self._stamp, np.zeros(extra, dtype=np.int64)])
         self._slot_states.extend([None] * extra)
 
-    def _state_id(self, states: tuple, terms: Sequence[tuple[float, tuple[int, ...]]]) -> int:
+    def _state_id(self, states: tuple, keys: list[tuple], terms: list[tuple[float, tuple[int, ...]]]) -> int:
+        """The id of the node state `states` (sorted card states), new or shared; `keys` and `terms`
+        are one node's card states and terms in its card order."""
         sid = self._sid_of.get(states)
         if sid is not None:
             self._refs[sid] += 1
@@ -192,12 +198,14 @@ class NodeTermTable:
         else:
             sid = len(self._states)
             self._states.append(None)
+            self._order.append(())
             self._refs.append(0)
             if sid >= self._k.shape[1]:
                 grow = max(64, self._k.shape[1])
                 self._k = np.concatenate([self._k, np.zeros((self._s, grow), dtype=np.int32)], axis=1)
         self._sid_of[states] = sid
         self._states[sid] = states
+        self._order[sid] = tuple(keys)  # this node's card order, for the move's sum of free compute
         self._refs[sid] = 1
         # containers per shape summed over the cards: integers, so the card order does not matter
         if terms:
@@ -205,6 +213,13 @@ class NodeTermTable:
         else:
             self._k[:, sid] = 0
         return sid
+
+    def _terms(self, key: tuple) -> tuple[float, tuple[int, ...]]:
+        """The terms of a card in state `key` (`card_state`)."""
+        t = self._card.get(key)
+        if t is None:
+            t = self._card[key] = self.model.card_terms(*card_of_state(key))
+        return t
 
     def _release_state(self, sid: int) -> None:
         self._refs[sid] -= 1
@@ -218,8 +233,8 @@ class NodeTermTable:
 
     def _refresh(self, nodes: Sequence[_Node]) -> list[int]:
         """Bring the slots of `nodes` (changed since their last refresh) up to date; their slots."""
-        model, vendor, token, version = self.model, self.vendor, self.token, self._version
-        card_terms, node_states = model.card_terms, model.node_states
+        vendor, token, version = self.vendor, self.token, self._version
+        card = self._card.get
         out: list[int] = []
         free: list[float] = []
         cpus: list[int] = []
@@ -230,13 +245,13 @@ class NodeTermTable:
                 slot = self._slot[n.name] = len(self._slot)
                 if slot >= len(self._free):
                     self._grow_slots()
-            devices = n.devices.get(vendor, ())
             look = usage_of(n.usage)
-            terms = [card_terms(d, look(d.uuid)) for d in devices]
-            states = node_states(devices, look)
+            keys = [card_state(d, look(d.uuid)) for d in n.devices.get(vendor, ())]
+            terms = [card(k) or self._terms(k) for k in keys]
+            states = tuple(sorted(keys))
             if states != self._slot_states[slot]:
                 old = int(self._sid[slot])
-                self._sid[slot] = self._state_id(states, terms)
+                self._sid[slot] = self._state_id(states, keys, terms)
                 if old >= 0:
                     self._release_state(old)
                 self._slot_states[slot] = states
@@ -284,45 +299,50 @@ class NodeTermTable:
             m.grow(self._k.shape[1])
         return m
 
-    def _fill_moves(self, m: _Moves, gpu: Shape, sids: np.ndarray, nodes: Sequence[_Node]) -> None:
-        """Compute the moves of the states in `sids` (of `nodes`, aligned) not known yet: what
-        `FragmentationModel.gpu_move` computes, with the candidate cards of all those states judged in
-        one vectorised evaluation."""
-        missing = np.flatnonzero(~m.known[sids])
+    def _card_move(self, key: tuple, gpu: Shape) -> tuple[float, tuple[int, ...]] | None:
+        d, u = card_of_state(key)
+        if not serves(d, u, gpu):
+            return None
+        return self._terms((*key[:5], u.used + 1, u.usedmem + gpu.mem_on(d.devmem), u.usedcores + gpu.cores))
+
+    def _fill_moves(self, m: _Moves, gpu: Shape, sids: np.ndarray) -> None:
+        """Compute the moves of the states in `sids` not known yet: what `FragmentationModel.gpu_move`
+        computes for a node in that state, with the candidate cards of all those states judged in one
+        vectorised evaluation."""
+        missing = sids[~m.known[sids]]
         if not missing.size:
             return
-        # one node per state, the first in it
-        found, first = np.unique(sids[missing], return_index=True)
-        vendor, card_terms = self.vendor, self.model.card_terms
-        nums, cores = gpu.nums, gpu.cores
+        nums = gpu.nums
+        moves = self._card_moves.get(gpu)
+        if moves is None:
+            moves = self._card_moves[gpu] = {}
+        if len(self._card) > 200_000 or len(moves) > 200_000:
+            self._card.clear()  # bound memory on fleets with very many distinct card states
+            moves.clear()
         todo: list[tuple[int, list, list, float]] = []  # (state id, card terms, candidates, free)
         owner: list[int] = []
         r0: list[float] = []
         r1: list[float] = []
         k0: list[tuple[int, ...]] = []
         k1: list[tuple[int, ...]] = []
-        for sid, i in zip(found.tolist(), missing[first].tolist(), strict=True):
-            n = nodes[i]
-            look = usage_of(n.usage)
-            terms = []
+        for sid in np.unique(missing).tolist():
+            keys = self._order[sid]
+            terms = [self._terms(k) for k in keys]
             cands = []  # (card index, its terms after one container of the shape)
             seen = set()
             serving = 0
-            for ci, d in enumerate(n.devices.get(vendor, ())):
-                u = look(d.uuid)
-                terms.append(card_terms(d, u))
-                if not serves(d, u, gpu):
+            for ci, key in enumerate(keys):
+                after = moves.get(key, False)
+                if after is False:
+                    after = moves[key] = self._card_move(key, gpu)
+                if after is None:
                     continue
                 serving += 1
                 if nums == 1:  # cards in one state are interchangeable: try one of them
-                    key = (d.type, d.devmem, d.devcore, d.count, d.health, u.used, u.usedmem, u.usedcores)
                     if key in seen:
                         continue
                     seen.add(key)
-                mem = gpu.mem_on(d.devmem)
-                cands.append(
-                    (ci, card_terms(d, DeviceUsage(u.used + 1, u.usedmem + mem, u.usedcores + cores)))
-                )
+                cands.append((ci, after))
             m.known[sid] = True
             if serving < nums:
                 m.ok[sid] = False
@@ -389,7 +409,7 @@ class NodeTermTable:
             sids = self._sid[at]
             gpu = shape._replace(cpu=0)
             m = self._moves_for(gpu)
-            self._fill_moves(m, gpu, sids, [candidates[i] for i in stale.tolist()])
+            self._fill_moves(m, gpu, sids)
             after = self.values(m.free[sids], m.k[:, sids], self._cpu[at] - shape.cpu, self._has_cpu[at])
             x = after - self._before[at]
             x[~m.ok[sids]] = np.inf
