@@ -325,9 +325,10 @@ class NodeTermTable:
         r1: list[float] = []
         k0: list[tuple[int, ...]] = []
         k1: list[tuple[int, ...]] = []
+        card, card_terms = self._card.get, self._terms
         for sid in np.unique(missing).tolist():
             keys = self._order[sid]
-            terms = [self._terms(k) for k in keys]
+            terms = [card(k) or card_terms(k) for k in keys]
             cands = []  # (card index, its terms after one container of the shape)
             seen = set()
             serving = 0
@@ -369,19 +370,23 @@ class NodeTermTable:
         after = self.values(free[own] - np.array(r0) + np.array(r1), k2, no_cpu, no_cpu.astype(bool))
         deltas = (after - before[own]).tolist()
         pos = 0
+        done, free_after, single, multi = [], [], [], []
         for w, (sid, terms, cands, _) in enumerate(todo):
             d = deltas[pos : pos + len(cands)]
             best = sorted(range(len(cands)), key=lambda j: (d[j], j))[:nums]  # as the fit orders cards
             for j in best:
                 terms[cands[j][0]] = cands[j][1]
-            m.free[sid] = sum(t[0] for t in terms)
-            m.k[:, sid] = (
-                k2[:, pos + best[0]]
-                if nums == 1
-                else k[:, w] + change[:, [pos + j for j in best]].sum(axis=1)
-            )
-            m.ok[sid] = True
+            done.append(sid)
+            free_after.append(sum(t[0] for t in terms))  # card order, as gpu_move
+            if nums == 1:
+                single.append(pos + best[0])
+            else:
+                multi.append(k[:, w] + change[:, [pos + j for j in best]].sum(axis=1))
             pos += len(cands)
+        at = np.array(done, dtype=np.intp)
+        m.free[at] = free_after
+        m.k[:, at] = k2[:, single] if nums == 1 else np.array(multi).T
+        m.ok[at] = True
 
     def _keys_for(self, shape: Shape) -> _Keys:
         kc = self._keys.get(shape)
