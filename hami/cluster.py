@@ -96,7 +96,11 @@ class ClusterState(ClusterQueries, PolicyScoring):
         vendors: Mapping[str, Vendor] | None = None,
         *,
         scheduler_name: str | None = None,
+        request_memo: int = 0,
     ) -> None:
+        """`request_memo`: how many distinct container lists' parsed device requests to keep (0: none),
+        for callers that submit many pods alike (the simulator); a pod's requests depend only on its
+        containers, so a kept parse is the parse."""
         self.config = config or DeviceConfig()
         self.vendors: dict[str, Vendor] = dict(vendors or build_vendors(self.config))
         self.scheduler_name = (
@@ -122,6 +126,8 @@ class ClusterState(ClusterQueries, PolicyScoring):
         # uid -> (node, CPU millicores) of every pod whose CPU is counted on a node: ours, and pods
         # bound by others (kube-scheduler's CPU fit decides where the next pods can go).
         self._cpu: dict[str, tuple[str, int]] = {}
+        self._request_memo_size = request_memo
+        self._request_memo: dict[str, list[ContainerSpec]] = {}
 
     # ------------------------------------------------------------------------------------------
     # nodes
@@ -361,7 +367,20 @@ class ClusterState(ClusterQueries, PolicyScoring):
 
     def pod_requests(self, pod: Mapping[str, Any]) -> list[ContainerSpec]:
         """Per container (init first) its device requests. Raises InvalidRequest for bad quantities."""
-        return pods.requests(pod, self.vendors)
+        if not self._request_memo_size:
+            return pods.requests(pod, self.vendors)
+        spec = objects.spec(pod)
+        key = repr((spec.get("initContainers"), spec.get("containers")))
+        with self._lock:
+            hit = self._request_memo.get(key)
+        if hit is None:
+            hit = pods.requests(pod, self.vendors)  # a bad request raises and is not kept
+            with self._lock:
+                memo = self._request_memo
+                if len(memo) >= self._request_memo_size:
+                    del memo[next(iter(memo))]  # the oldest first
+                memo[key] = hit
+        return list(hit)
 
     def filter(
         self,

@@ -376,7 +376,8 @@ class _Replay:
         curve_step: float,
         placed: Sequence[tuple[str, SimPod]] = (),
     ) -> None:
-        self.state = ClusterState(config=config, vendors=build_vendors(config))
+        # Pods are drawn again and again from one workload: their parsed requests are kept.
+        self.state = ClusterState(config=config, vendors=build_vendors(config), request_memo=4096)
         for n in workload.nodes:
             self.state.upsert_node(n.obj)
         self.card_type = {c.uuid: c.type for n in workload.nodes for c in n.cards}

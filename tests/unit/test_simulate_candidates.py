@@ -112,3 +112,29 @@ def test_refusals_count_the_learned_reasons_and_forget_a_changed_node():
     assert k.unknown(5).tolist() == [False, True, True, True, False]
     with pytest.raises(AssertionError):
         k.counts(5, mask)
+
+
+def test_kept_request_parses_equal_a_fresh_parse_and_stay_bounded():
+    from hami.cluster import ClusterState
+    from hami.errors import InvalidRequest
+    from hami.simulate.workload import DEFAULT_GPU_MODELS, openb_pod
+
+    def obj(milli, cpu=1000):
+        return openb_pod(
+            f"p{milli}-{cpu}", cpu_milli=cpu, memory_mib=1024, num_gpu=1, gpu_milli=milli, gpu_spec=[],
+            config=CFG, gpu_models=DEFAULT_GPU_MODELS,
+        ).obj  # fmt: skip
+
+    fresh, kept = ClusterState(config=CFG), ClusterState(config=CFG, request_memo=2)
+    pods = [obj(m, c) for m in (250, 500, 1000) for c in (1000, 2000)] * 2
+    for p in pods:
+        assert kept.pod_requests(p) == fresh.pod_requests(p)
+    assert len(kept._request_memo) == 2
+    bad = obj(500)
+    bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "two"
+    for _ in range(2):
+        with pytest.raises(InvalidRequest):
+            kept.pod_requests(bad)
+    # a kept list handed out and changed by a caller does not change the kept parse
+    kept.pod_requests(pods[0]).clear()
+    assert kept.pod_requests(pods[0]) == fresh.pod_requests(pods[0]) != []
