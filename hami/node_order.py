@@ -53,7 +53,9 @@ class _Node:
     pods: set[str] = field(default_factory=set)
     score: float | None = None  # cached node_score, None = stale
     summaries: dict[str, CardSummary] = field(default_factory=dict)  # per vendor, cleared on any change
-    frag: dict[Any, float] = field(default_factory=dict)  # fragmentation keys by pod shapes, same life
+    # The fragmentation policy's memo: keys of multi-container pods and the mark of hami.fragmentation_table
+    # that the node's columns are fresh. Cleared on every change of usage (here) and of CPU (hami.cluster).
+    frag: dict[Any, Any] = field(default_factory=dict)
     cpu_alloc: int | None = None  # allocatable CPU, millicores (None: the Node does not say)
     cpu_used: int = 0  # CPU requested by the pods counted on this node, millicores
     source: tuple[str | None, ...] | None = None  # the annotations the devices were parsed from
