@@ -37,9 +37,10 @@ DEFAULT_ARRIVAL = 130.0
 #: larger target only makes the run longer, and an unbounded one never ends.
 MAX_ARRIVAL = 1000.0
 
-#: Largest `--generate` sizes. A fill run grows with nodes x pods (2000 nodes: about 30 s on 2 cores,
-#: 10000 nodes: many minutes) and the pods are held in memory (about 3 KiB each), so larger sizes are
-#: refused rather than left to run for hours or to exhaust memory.
+#: Largest `--generate` sizes. A fill run grows with the pods placed under binpack/spread (10000 nodes:
+#: under a minute on 2 cores) but with nodes x pods under `fragmentation`, and the pods are held in
+#: memory (about 3 KiB each), so larger sizes are refused rather than left to run for hours or to
+#: exhaust memory.
 MAX_GENERATE = (10_000, 200_000)
 
 
