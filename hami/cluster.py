@@ -516,6 +516,15 @@ class ClusterState(ClusterQueries, PolicyScoring):
             for p in pending:
                 if p.uid not in self._pods:
                     self._add_record(p)
+            # The listed pods were counted into the learned workload (`_learn`): score with it now
+            # rather than with the prior until the next periodic check.
+            self.fragmentation.refresh()
+
+    def refresh_workload(self) -> bool:
+        """Score with the learned workload now if it drifted (`FragmentationModel.refresh`), after
+        pods were counted one by one outside a rebuild. True when it changed."""
+        with self._lock:
+            return self.fragmentation.refresh()
 
     def fitting_nodes(
         self, pod: Mapping[str, Any], node_names: Sequence[str]

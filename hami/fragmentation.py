@@ -355,6 +355,17 @@ class FragmentationModel:
                 self._every = min(self._every * 2, self.check_every * 16)
         return True
 
+    def refresh(self) -> bool:
+        """Score with the learned distribution now when it has drifted from the active one (after a
+        batch of live pods was counted at once: a restart or relist relearning the workload, or a
+        simulator start state), instead of at the next periodic check. True when it changed."""
+        self._since = 0
+        live = self.histogram.distribution(self.max_shapes)
+        if total_variation(live, self.active) <= self.drift:
+            return False
+        self._set_active(live)
+        return True
+
     # -- terms ------------------------------------------------------------------------------------
 
     def card_terms(self, d: Device, u: DeviceUsage) -> tuple[float, tuple[int, ...]]:

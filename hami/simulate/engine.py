@@ -244,6 +244,8 @@ class _Replay:
             self.state.upsert_pod({**pod.obj, "metadata": {**pod.obj["metadata"], "uid": f"placed-{k}"}})
         for _, _, _, grants in self.state.pod_grants():
             self.usage.apply(self.usage.held(grants), +1)
+        if placed:
+            self.state.refresh_workload()  # the start state's pods are the workload learned so far
 
     @property
     def arrived_pct(self) -> float:

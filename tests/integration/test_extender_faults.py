@@ -280,6 +280,9 @@ async def test_dropped_and_expired_watches_are_recovered(fake_apiserver, extende
     api, sched = fake_apiserver, Scheduler(session, extender.url)
     sync = extender.runtime.sync
     lists_before = sync.nodes.list_count
+    # Synced means listed; each reflector opens its watch just after its list.
+    kinds = ("nodes", "pods", "resourcequotas")
+    await eventually(lambda: all(api.open_watch_count(k) >= 1 for k in kinds), what="the three watches open")
     assert api.drop_watches(abrupt=True) >= 3
     api.store.create("nodes", gpu_node("node3", cards("n3", 2)))
     await eventually(lambda: "node3" in extender.state.node_names(), what="node3 after reconnect")

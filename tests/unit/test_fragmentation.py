@@ -318,3 +318,31 @@ def test_restart_relearns_from_live_pods():
     assert fresh.fragmentation.histogram.observed == before + 3
     assert fresh.usage_snapshot() == cs.usage_snapshot()
     assert fresh._nodes["a"].cpu_used == cs._nodes["a"].cpu_used == 3000
+
+
+def test_refresh_scores_with_the_learned_workload_at_once():
+    m = FragmentationModel(WorkloadHistogram({HALF: 1.0}, prior_weight=8), check_every=128)
+    for i in range(5):
+        m.observe([WHOLE], uid=f"w{i}")
+    assert set(m.active) == {HALF}  # five pods: no periodic check yet
+    v = m.version
+    assert m.refresh() and m.version == v + 1
+    # prior 8 on HALF against 5 whole cards weighted 1 each (decay under 0.1 %)
+    assert m.active[WHOLE] == pytest.approx(5 / 13, rel=0.01)
+    assert not m.refresh() and m.version == v + 1  # nothing moved since
+
+
+def test_a_rebuild_relearns_the_workload_from_the_listed_pods():
+    from tests.builders import cards, ctr, node, pod
+
+    first = ClusterState()
+    first.upsert_node(node("n", cards("n", 2)))
+    p = pod(ctr(gpu=1, mem=3000, cores=30))
+    out = first.filter(p, ["n"])
+    assert out.node == "n"
+    shape = Shape(1, 3000, 0, 30)
+    fresh = ClusterState()
+    assert shape not in fresh.fragmentation.active  # the prior only
+    live = {**p, "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}}}
+    fresh.rebuild([node("n", cards("n", 2))], [{**live, "status": {"phase": "Running"}}])
+    assert fresh.fragmentation.active[shape] > 0.5  # one live pod outweighs the prior of 8
