@@ -381,7 +381,8 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workl
         nodes_source = f"built-in generator (seed {args.seed}, {size_nodes} nodes)"
     if from_cluster is not None:
         pods = from_cluster
-        pods_source = f"{nodes_source} pods (resampled, seed {args.seed})"
+        drawn = f"resampled, seed {args.seed}" if args.mode == Mode.FILL.value else "in time order"
+        pods_source = f"{nodes_source} pods ({drawn})"
     elif args.pods is not None:
         if _is_yaml(args.pods):
             in_file, pods = split(kubeyaml.load_pods(args.pods, config=config), config)

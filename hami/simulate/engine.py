@@ -70,17 +70,37 @@ class _Resources:
         # `kubectl cordon` (spec.unschedulable): kube-scheduler's NodeUnschedulable filter drops the node
         # before any fit; its pods stay (a snapshot's placed pods may be on it).
         self.open = np.array([not (n.obj.get("spec") or {}).get("unschedulable") for n in nodes], dtype=bool)
+        self._labels = [((n.obj.get("metadata") or {}).get("labels") or {}) for n in nodes]
+        self._selected: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
 
-    def fitting(self, cpu: int, mem: int) -> np.ndarray:
-        """Boolean mask of the nodes with room for the pod."""
-        return (self.cpu >= cpu) & (self.mem >= mem) & (self.slots > 0) & self.open
+    def selected(self, selector: Mapping[str, str] | None) -> np.ndarray | None:
+        """kube-scheduler's NodeAffinity filter for a pod's `spec.nodeSelector` (every pair must be a
+        label of the node, values compared as strings); None when the pod has no selector."""
+        if not selector or not isinstance(selector, Mapping):
+            return None
+        key = tuple(sorted((str(k), str(v)) for k, v in selector.items()))
+        mask = self._selected.get(key)
+        if mask is None:
+            mask = self._selected[key] = np.array(
+                [all(str(labels.get(k)) == v and k in labels for k, v in key) for labels in self._labels],
+                dtype=bool,
+            )
+        return mask
+
+    def fitting(self, cpu: int, mem: int, selector: Mapping[str, str] | None = None) -> np.ndarray:
+        """Boolean mask of the nodes with room for the pod (and matching its `nodeSelector`)."""
+        mask = (self.cpu >= cpu) & (self.mem >= mem) & (self.slots > 0) & self.open
+        sel = self.selected(selector)
+        return mask if sel is None else mask & sel
 
     def names_of(self, mask: np.ndarray) -> list[str]:
         return self._names[mask].tolist()
 
-    def misfit_text(self, cpu: int, mem: int) -> str:
+    def misfit_text(self, cpu: int, mem: int, selector: Mapping[str, str] | None = None) -> str:
         """kube-scheduler's message: ``0/N nodes are available: 3 Insufficient cpu, 2 Insufficient memory``."""
+        sel = self.selected(selector)
         counts = (
+            (0 if sel is None else int((~sel).sum()), "node(s) didn't match Pod's node affinity/selector"),
             (int((self.cpu < cpu).sum()), "Insufficient cpu"),
             (int((self.mem < mem).sum()), "Insufficient memory"),
             (int((self.slots <= 0).sum()), "Too many pods"),
@@ -305,9 +325,14 @@ class _Replay:
         if pod.unplaceable is not None:
             self.fail(pod, name, pod.unplaceable, pod.unplaceable.split(" (")[0].split(" in ")[0])
             return
-        fitting = res.fitting(pod.cpu_milli, pod.memory_mib)
+        selector = (pod.obj.get("spec") or {}).get("nodeSelector")
+        fitting = res.fitting(pod.cpu_milli, pod.memory_mib, selector)
         if not fitting.any():
-            self.fail(pod, name, res.misfit_text(pod.cpu_milli, pod.memory_mib), "Insufficient cpu/memory")
+            text = res.misfit_text(pod.cpu_milli, pod.memory_mib, selector)
+            category = "Insufficient cpu/memory"
+            if "node affinity/selector" in text and "Insufficient" not in text:
+                category = "node affinity/selector"
+            self.fail(pod, name, text, category)
             return
         if pod.gpu_demand <= 0:
             # Asks no managed device: the extender is not involved, kube-scheduler scores alone.

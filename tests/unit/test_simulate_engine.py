@@ -384,3 +384,32 @@ def test_full_core_pods_share_cards_registered_with_core_scaling(tmp_path):
         ("a-3", "", None, "0/1 nodes fit: 1 CardInsufficientCore"),
     ]
     assert r.state.usage_snapshot() == {"n1": {"GPU-n1-0": (2, 8000, 200)}}
+
+
+def test_node_selector_is_kube_schedulers_node_affinity_filter():
+    labelled = node("pool-a")
+    labelled.obj.setdefault("metadata", {}).setdefault("labels", {})["pool"] = "a"
+
+    def pinned(name, created, selector):
+        p = pod(name, cpu=1000, created=created)
+        p.obj["spec"]["nodeSelector"] = selector
+        return p
+
+    w = Workload(
+        [node("other"), labelled],
+        [
+            pinned("gpu-a", 0, {"pool": "a"}),
+            pinned("cpu-a", 1, {"pool": "a"}),
+            pinned("nowhere", 2, {"pool": "b"}),
+        ],
+    )
+    w.pods[1] = replace(w.pods[1], gpu_demand=0.0)  # a CPU-only pod: kube-scheduler alone
+    r = run(w, config=CFG, policy=SPREAD, mode=Mode.TRACE, placements=True)
+    rows = [(p.pod, p.node, p.reason) for p in r.placements]
+    # without the selector, spread and LeastAllocated would take the emptier node "other"
+    assert rows == [
+        ("gpu-a", "pool-a", ""),
+        ("cpu-a", "pool-a", ""),
+        ("nowhere", "", "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector"),
+    ]
+    assert r.failure_reasons == {"node affinity/selector": 1}
