@@ -312,7 +312,7 @@ def run_what_if(
     current, where = current_policy(args.current_policy, config)
 
     def done(o: Outcome, seconds: float) -> None:
-        stderr.write(f"what-if {o.policy.label}: {o.fit} pods fit ({seconds:.1f} s)\n")
+        stderr.write(f"what-if {o.policy.label}: {o.fit} pod{'' if o.fit == 1 else 's'} fit ({seconds:.1f} s)\n")
         stderr.flush()
 
     answers = [
