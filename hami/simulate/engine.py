@@ -244,7 +244,8 @@ class _Replay:
         self.next_check = 10.0
         self.next_curve = curve_step
         self.check_limit = result.arrival_target if result.arrival_target is not None else float("inf")
-        self.meter = FragmentationMeter(self.state)
+        closed = frozenset(n.name for n in workload.nodes if (n.obj.get("spec") or {}).get("unschedulable"))
+        self.meter = FragmentationMeter(self.state, closed)
         self.best_nodes: tuple[Checkpoint, dict[str, tuple[float, float]]] | None = None
         if placed:
             # The cluster as it is, before any arrival: which of its nodes are fragmented now.

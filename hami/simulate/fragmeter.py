@@ -68,8 +68,11 @@ class FragmentationMeter:
     (`hami.cluster_scoring`): per node and vendor, ``node_value(devices, usage_of(usage), cpu_free())``.
     """
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, closed: frozenset[str] = frozenset()) -> None:
         self.state = state
+        #: Nodes that take no new pod (cordoned, `spec.unschedulable`): all their free compute is a
+        #: fragment, whatever shape arrives.
+        self.closed = closed
         # node name -> (generation, node state key, free cards, fragmented cards)
         self._cache: dict[str, tuple[int, tuple, float, float]] = {}
         # The learned workload and version the cached figures hold for, and a counter of its changes.
@@ -102,6 +105,8 @@ class FragmentationMeter:
                     free, frag = hit[2], hit[3]
                 else:
                     free, frag = self._node(n, cpu, model, shared)
+                    if name in self.closed:
+                        frag = free
                     cache[name] = (generation, key, free, frag)
                 last[name] = (free, frag)
                 free_total += free

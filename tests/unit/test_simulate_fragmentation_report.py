@@ -344,3 +344,19 @@ def test_a_run_with_pods_placed_reports_the_start_once(tmp_path):
         ("binpack", "n0"),
         ("binpack", "n1"),
     ]
+
+
+def test_a_cordoned_nodes_free_compute_is_all_fragmented():
+    # Against whole-card pods an idle T4 is not a fragment; cordoned, no pod can reach it at all.
+    nodes = [node("open", 1), node("cordoned", 1)]
+    nodes[1].obj.setdefault("spec", {})["unschedulable"] = True
+    state = whole_card_state(nodes)
+    assert FragmentationMeter(state).measure().fragmented == 0.0
+    meter = FragmentationMeter(state, closed=frozenset({"cordoned"}))
+    total = meter.measure()
+    assert (total.free, total.fragmented) == (2.0, 1.0)
+    assert meter.last == {"open": (1.0, 0.0), "cordoned": (1.0, 1.0)}
+    # the replay passes the cordoned nodes: the half-card pods fill "open" only, "cordoned" stays idle
+    r = run(Workload(nodes, [pod("half", 500)]), config=CFG, policy=Policy("binpack", "binpack"), arrival=100)
+    rows = {x.node: (x.free, x.fragmented) for x in r.node_fragmentation}
+    assert rows["cordoned"] == (1.0, 1.0)
