@@ -363,6 +363,7 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workl
     nodes: list[SimNode]
     pods: list[SimPod]
     from_cluster: list[SimPod] | None = None
+    notes: list[str] = []
     placed = Placed([])
     if getattr(args, "from_cluster", False):
         from hami.simulate.fromcluster import cluster_input
@@ -370,9 +371,10 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workl
         with_pods = args.pods is None and not getattr(args, "what_if_shape", None)
         got = cluster_input(args, config, with_pods=with_pods)
         nodes, from_cluster, nodes_source, placed = got.nodes, got.pods, got.source, got.placed
+        notes.extend(got.skipped)
     elif args.nodes is not None:
         if _is_yaml(args.nodes):
-            nodes = kubeyaml.load_nodes(args.nodes, config=config)
+            nodes = kubeyaml.load_nodes(args.nodes, config=config, skipped=notes)
         else:
             nodes = openb.load_nodes(args.nodes, config=config, gpu_models=models)
         nodes_source = args.nodes
@@ -398,8 +400,9 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workl
         )
         pods_source = f"built-in generator (seed {args.seed}, {size_pods} pods)"
     workload = Workload(
-        nodes=nodes, pods=pods, nodes_source=nodes_source, pods_source=pods_source, gpu_models=models
-    )
+        nodes=nodes, pods=pods, nodes_source=nodes_source, pods_source=pods_source, gpu_models=models,
+        notes=notes,
+    )  # fmt: skip
     return workload, placed
 
 
@@ -459,6 +462,8 @@ def run_simulate(
         from hami.simulate.fromcluster import api_error_status
 
         return api_error_status(e)
+    for note in workload.notes:
+        stderr.write(f"hami simulate: warning: {note}\n")
     from_empty = getattr(args, "from_empty", False)
     what_if = getattr(args, "what_if_shape", None)
     # The what-if needs GPUs in the cluster, not a workload.

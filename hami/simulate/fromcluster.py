@@ -38,6 +38,8 @@ class ClusterInput:
     pods: list[SimPod] | None
     placed: Placed
     source: str
+    #: Nodes whose registration could not be read (their cards are left out), one line each.
+    skipped: tuple[str, ...] = ()
 
 
 def cluster_input(args: argparse.Namespace, config: DeviceConfig, *, with_pods: bool) -> ClusterInput:
@@ -53,16 +55,19 @@ def cluster_input(args: argparse.Namespace, config: DeviceConfig, *, with_pods: 
     nodes_text, pods_text = render(listed)
     if not listed.nodes:
         raise InvalidRequest(f"{source}: the API server lists no Node")
-    nodes = kubeyaml.load_nodes(f"{source} nodes", config=config, text=nodes_text)
+    skipped: list[str] = []
+    nodes = kubeyaml.load_nodes(f"{source} nodes", config=config, text=nodes_text, skipped=skipped)
     if not listed.pods:
         if with_pods:
             raise InvalidRequest(
                 f"{source}: the API server lists no Pod to resample; give the workload with --pods FILE"
             )
-        return ClusterInput(nodes, None, Placed([], source), source)
+        return ClusterInput(nodes, None, Placed([], source), source, tuple(skipped))
     loaded = kubeyaml.load_pods(f"{source} pods", config=config, text=pods_text)
     placed, shapes = split(loaded, config)
-    return ClusterInput(nodes, shapes if with_pods else None, Placed(placed, source, with_pods), source)
+    return ClusterInput(
+        nodes, shapes if with_pods else None, Placed(placed, source, with_pods), source, tuple(skipped)
+    )
 
 
 def api_error_status(e: BaseException) -> int:

@@ -156,7 +156,9 @@ def _name(obj: Mapping[str, Any], *, source: str, line: int, kind: str) -> str:
     return name
 
 
-def load_nodes(path: str | Path, *, config: DeviceConfig, text: str | None = None) -> list[SimNode]:
+def load_nodes(
+    path: str | Path, *, config: DeviceConfig, text: str | None = None, skipped: list[str] | None = None
+) -> list[SimNode]:
     """Every `kind: Node` in the file (or in `text`, YAML named `path` in errors). Cards come from the
     inventory of every enabled vendor (registration
     annotations such as `hami.io/node-nvidia-register`, or node capacity such as Cambricon's
@@ -165,7 +167,9 @@ def load_nodes(path: str | Path, *, config: DeviceConfig, text: str | None = Non
 
     Raises TraceError naming file, line, node and field for a malformed registration or quantity, a
     non-string annotation or label, a `status` that is not a mapping, a duplicate node, bad YAML, or a
-    file without any Node. CPU/memory above 2^50 millicores/MiB are capped there (they fit anything).
+    file without any Node. With `skipped` (a list), a malformed vendor inventory is not an error: that
+    vendor's cards of the node are left out, as the extender leaves an unreadable registration out, and
+    the reason is appended to `skipped`. CPU/memory above 2^50 millicores/MiB are capped there (they fit anything).
     """
     source = str(path)
     vendors = build_vendors(config)
@@ -186,7 +190,10 @@ def load_nodes(path: str | Path, *, config: DeviceConfig, text: str | None = Non
             except InvalidRequest as e:
                 # Capacity-derived inventories (Cambricon, AWS Neuron, ...) have no registration annotation.
                 where = f"annotation {vendor.register_key}" if vendor.register_key else f"{vendor.common_word} inventory"
-                raise TraceError(source, line, f"Node {name}: {where}: {e}") from None
+                if skipped is None:
+                    raise TraceError(source, line, f"Node {name}: {where}: {e}") from None
+                skipped.append(f"Node {name}: {where}: {e}; its {vendor.common_word} cards are left out")
+                continue
             cards.extend(found or [])
         status = obj.get("status") or {}
         if not isinstance(status, dict):

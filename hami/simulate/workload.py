@@ -102,6 +102,8 @@ class Workload:
     nodes_source: str = ""
     pods_source: str = ""
     gpu_models: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_GPU_MODELS))
+    #: What the loaders left out and the user should hear about (one line each, for stderr).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:

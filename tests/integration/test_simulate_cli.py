@@ -498,3 +498,25 @@ def test_summary_explains_its_columns_and_the_trace_peak():
     peak = [x for x in t.stdout.splitlines() if x.startswith("  binpack/spread: peak ")]
     assert len(peak) == 1 and "% at trace time " in peak[0], t.stdout
     assert ("GPU pods were refused" in peak[0]) or ("no GPU pod was refused" in peak[0])
+
+
+def test_a_node_with_an_unreadable_registration_is_left_out_with_a_warning(tmp_path):
+    good = (
+        "kind: Node\nmetadata:\n  name: g1\n  annotations:\n    hami.io/node-nvidia-register: "
+        '\'[{"id":"GPU-1","count":4,"devmem":16384,"devcore":100,"type":"NVIDIA-T4","health":true}]\'\n'
+        "status: {allocatable: {cpu: '8', memory: 32Gi}}\n"
+    )
+    bad = (
+        "kind: Node\nmetadata:\n  name: broken\n  annotations:\n    hami.io/node-nvidia-register: '{not json'\n"
+        "status: {allocatable: {cpu: '8', memory: 32Gi}}\n"
+    )
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(good + "---\n" + bad)
+    p = hami("simulate", "--nodes", str(nodes), "--json", "--no-progress")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.startswith(
+        "hami simulate: warning: Node broken: annotation hami.io/node-nvidia-register: not valid JSON"
+    )
+    assert p.stderr.splitlines()[0].endswith("its NVIDIA cards are left out")
+    run = json.loads(p.stdout)
+    assert (run["nodes"], run["gpus"]) == (2, 1)  # the node stays, without its cards
