@@ -34,7 +34,7 @@ from hami.quantity import parse_quantity
 from hami.simulate import kubeyaml
 from hami.simulate.engine import Mode, Policy, parse_policy, run
 from hami.simulate.start import Start
-from hami.simulate.workload import DEFAULT_NAMESPACE, SimNode, SimPod, Workload, model_of
+from hami.simulate.workload import DEFAULT_NAMESPACE, SimNode, SimPod, TraceError, Workload, model_of
 from hami.vendors import build_vendors
 
 FLAG = "--what-if-shape"
@@ -110,7 +110,12 @@ def parse_shape(text: str, *, config: DeviceConfig) -> Shape:
             "containers": [{"name": CONTAINER, "resources": resources}],
         },
     }
-    (loaded,) = kubeyaml.load_pods(FLAG, config=config, text=yaml.safe_dump(pod, sort_keys=False))
+    try:
+        (loaded,) = kubeyaml.load_pods(FLAG, config=config, text=yaml.safe_dump(pod, sort_keys=False))
+    except TraceError as e:
+        # The loader names a file line and the pod; here the flag's value is the input.
+        why = str(e).split(": ", 1)[1].removeprefix(f"Pod {POD_NAME}: container {CONTAINER}: ")
+        raise InvalidRequest(f"{FLAG}: {text.strip()!r}: {why}") from None
     if not loaded.is_gpu:
         device = next((n for n in valid if n not in HOST_RESOURCES), "nvidia.com/gpu")
         raise InvalidRequest(f"{FLAG}: {text.strip()!r} asks for no device; add a count such as {device}=1")

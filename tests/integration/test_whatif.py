@@ -206,6 +206,8 @@ def test_trace_mode_does_not_keep_the_pods_it_replays(tiny: FakeApiServer, kubec
         ("nvidia.com/gpu", "hami: error: --what-if-shape: 'nvidia.com/gpu' must be NAME=QUANTITY"),
         ("nvidia.com/gpu=1,nvidia.com/gpu=2", "hami: error: --what-if-shape: nvidia.com/gpu given twice"),
         ("cpu=4", "hami: error: --what-if-shape: 'cpu=4' asks for no device; add a count such as nvidia.com/gpu=1"),
+        ("nvidia.com/gpu=1.5", "hami: error: --what-if-shape: 'nvidia.com/gpu=1.5': resources.limits[nvidia.com/gpu]: "
+         "'1.5' is not a whole number of devices"),
     ],
 )  # fmt: skip
 def test_bad_shapes_are_one_line_naming_the_flag(
