@@ -572,11 +572,13 @@ def run(
     if mode is Mode.FILL:
         rng = random.Random(seed)
         target = arrival / 100 * replay.capacity
-        drawn: Counter[str] = Counter()
+        # A pod already placed counts as the first of its name: a draw of the running `a` is `a-2`, so
+        # no output row reads as a second placement of the running pod.
+        drawn: Counter[str] = Counter(p.name for _, p in placed)
         pool = workload.pods
         # A second draw of `a` is `a-2`, unless the input has its own `a-2`: then `a~2`, so that every
         # row of the outputs names one pod.
-        given = {p.name for p in pool}
+        given = {p.name for p in pool} | {p.name for _, p in placed}
         seq = 0
         while replay.arrived < target and (max_pods is None or seq < max_pods):
             pod = pool[rng.randrange(len(pool))]

@@ -131,6 +131,16 @@ def test_the_replay_counts_the_placed_pods_on_cards_cpu_and_slots() -> None:
     assert r.scheduled == 8
 
 
+def test_arrivals_resampled_from_a_placed_pod_never_take_its_name() -> None:
+    ns = nodes()
+    uuid = ns[0].cards[0].uuid
+    placed, shapes = split(load(pod_obj("nb", node="n0", cards=[(uuid, 1000, 10)], phase="Running")), CFG)
+    r = run(Workload(ns, shapes), config=CFG, policy=Policy("binpack", "binpack"), mode=Mode.FILL,
+            arrival=30, placed=placed, placements=True)  # fmt: skip
+    names = [p.pod for p in r.placements]
+    assert names[:3] == ["nb-2", "nb-3", "nb-4"] and "nb" not in names
+
+
 def test_trace_mode_starts_empty_when_it_replays_the_placed_pods() -> None:
     ns = nodes()
     placed, _ = split(load(pod_obj("held", node="n0", cards=[(ns[0].cards[0].uuid, 4000, 25)])), CFG)
