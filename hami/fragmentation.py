@@ -345,14 +345,10 @@ class FragmentationModel:
             w = 1.0 / len(shapes) / (c * c)
             self.histogram.observe(s, w)
         self._since += 1
-        if self._since >= self._every:
-            self._since = 0
-            live = self.histogram.distribution(self.max_shapes)
-            if total_variation(live, self.active) > self.drift:
-                # Each refresh drops every cached node figure, so checks space out while the
-                # workload stays put (a large change is still taken within a few intervals).
-                self._set_active(live)
-                self._every = min(self._every * 2, self.check_every * 16)
+        if self._since >= self._every and self.refresh():
+            # Each refresh drops every cached node figure, so checks space out while the
+            # workload stays put (a large change is still taken within a few intervals).
+            self._every = min(self._every * 2, self.check_every * 16)
         return True
 
     def refresh(self) -> bool:

@@ -22,27 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from hami import annotations as A
-from hami.cluster import ClusterState, FilterOutcome
+from hami.cluster import FilterOutcome
 from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention, NotFound
-from hami.nodelock import NodeMutexes, lock_node, release_node_lock
+from hami.nodelock import lock_node, release_node_lock
 from hami.vendors import pod_takes_node_lock
 from scheduler_extender import events as ev
-from scheduler_extender.lockwait import LockQueues
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.runtime import TermGuard
-from scheduler_extender.sync import Inflight
+from scheduler_extender.verb_state import VerbState
 from scheduler_extender.wire import BindArgs, bind_result, parse_bind_args
 
 if TYPE_CHECKING:
-    from scheduler_extender.service import Settings
+    pass
 
 # The logger keeps the name it had before the verbs were split out of service.py: log filters and
 # documented transcripts name it.
@@ -61,26 +54,8 @@ class LockHeld(BindFailure):
     """The node lock is held by another live pod (the bind may wait for it: `Settings.bind_lock_wait_s`)."""
 
 
-class BindVerbs:
+class BindVerbs(VerbState):
     """/bind of `scheduler_extender.service.Extender` (a mixin: no state of its own)."""
-
-    # The state `scheduler_extender.service.Extender.__init__` sets up (shared by both verbs).
-    state: ClusterState
-    client: Any
-    settings: Settings
-    metrics: ExtenderMetrics
-    events: ev.EventSink
-    readiness: Callable[[], str | None]
-    inflight: Inflight
-    pod_lookup: Callable[[str, str], dict[str, Any] | None]
-    node_lookup: Callable[[str], dict[str, Any] | None]
-    node_mutexes: NodeMutexes
-    lock_queues: LockQueues
-    term_guard: TermGuard
-    _pending: dict[str, Future[bool]]
-    _record_errors: OrderedDict[str, str]
-    _pending_lock: threading.Lock
-    _recorder: ThreadPoolExecutor | None
 
     if TYPE_CHECKING:
         # Provided by the filter side (scheduler_extender.filtering.FilterVerbs).
@@ -165,13 +140,15 @@ class BindVerbs:
         who = f"pod {a.pod_namespace}/{a.pod_name}"
         if why == "gone":
             raise BindFailure(
-                "pod_gone", f"binding {who} to {a.node} failed: the pod was deleted while waiting for the node lock"
+                "pod_gone",
+                f"binding {who} to {a.node} failed: the pod was deleted while waiting for the node lock",
             )
         waited = f"waited {self.settings.bind_lock_wait_s:g}s for it (--bind-lock-wait)"
         if held is not None:
             raise LockHeld("lock", f"{held}; {waited}")
         raise LockHeld(
-            "lock", f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}"
+            "lock",
+            f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}",
         )
 
     def _bind_sync(self, a: BindArgs, token: int | None = None) -> None:
@@ -313,14 +290,17 @@ class BindVerbs:
         if outcome.node != node:
             why = outcome.failed_nodes.get(node, "no fit")
             raise BindFailure(
-                "no_fit", f"binding {who} to {node} failed: it no longer fits there ({why}); it will be scheduled again"
+                "no_fit",
+                f"binding {who} to {node} failed: it no longer fits there ({why}); it will be scheduled again",
             )
         error = self._record(pod, outcome)
         if error is not None:
             self._release_reservation(uid)
             raise BindFailure("record", f"binding {who} to {node} failed: {error}")
         cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
-        self.events.emit(pod, reason=ev.FILTERING_SUCCEED, message=ev.filtering_succeed_message(node, cards, 0))
+        self.events.emit(
+            pod, reason=ev.FILTERING_SUCCEED, message=ev.filtering_succeed_message(node, cards, 0)
+        )
         return pod
 
     def _already_bound(self, a: BindArgs) -> bool:

@@ -26,54 +26,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 from hami import annotations as A
-from hami.cluster import ClusterState, FilterOutcome
+from hami.cluster import FilterOutcome
 from hami.errors import Conflict, HamiError, InvalidRequest, NotFound
-from hami.nodelock import NodeMutexes
 from scheduler_extender import events as ev
 from scheduler_extender.candidates import fitting_nodes, prioritize_scores
-from scheduler_extender.lockwait import LockQueues
-from scheduler_extender.metrics import ExtenderMetrics
-from scheduler_extender.runtime import TermGuard
-from scheduler_extender.sync import Inflight
+from scheduler_extender.verb_state import VerbState
 from scheduler_extender.wire import FilterArgs, filter_result, parse_filter_args
 
 if TYPE_CHECKING:
-    from scheduler_extender.service import Settings
+    pass
 
 # The logger keeps the name it had before the verbs were split out of service.py: log filters and
 # documented transcripts name it.
 log = logging.getLogger("scheduler_extender.service")
 
 
-class FilterVerbs:
+class FilterVerbs(VerbState):
     """/filter and /prioritize of `scheduler_extender.service.Extender` (a mixin: no state of its own)."""
-
-    # The state `scheduler_extender.service.Extender.__init__` sets up (shared by both verbs).
-    state: ClusterState
-    client: Any
-    settings: Settings
-    metrics: ExtenderMetrics
-    events: ev.EventSink
-    readiness: Callable[[], str | None]
-    inflight: Inflight
-    pod_lookup: Callable[[str, str], dict[str, Any] | None]
-    node_lookup: Callable[[str], dict[str, Any] | None]
-    node_mutexes: NodeMutexes
-    lock_queues: LockQueues
-    term_guard: TermGuard
-    _pending: dict[str, Future[bool]]
-    _record_errors: OrderedDict[str, str]
-    _pending_lock: threading.Lock
-    _recorder: ThreadPoolExecutor | None
 
     async def filter(self, body: bytes) -> dict[str, Any]:
         """Answer one ExtenderArgs body with an ExtenderFilterResult dict (never raises)."""

@@ -82,7 +82,7 @@ class _Resources:
         mask = self._selected.get(key)
         if mask is None:
             mask = self._selected[key] = np.array(
-                [all(str(labels.get(k)) == v and k in labels for k, v in key) for labels in self._labels],
+                [all(k in labels and str(labels[k]) == v for k, v in key) for labels in self._labels],
                 dtype=bool,
             )
         return mask
@@ -244,7 +244,7 @@ class _Replay:
         self.next_check = 10.0
         self.next_curve = curve_step
         self.check_limit = result.arrival_target if result.arrival_target is not None else float("inf")
-        closed = frozenset(n.name for n in workload.nodes if (n.obj.get("spec") or {}).get("unschedulable"))
+        closed = frozenset(self.res.names_of(~self.res.open))  # cordoned: no new pod reaches them
         self.meter = FragmentationMeter(self.state, closed)
         self.best_nodes: tuple[Checkpoint, dict[str, tuple[float, float]]] | None = None
         if placed:

@@ -114,7 +114,7 @@ def parse_shape(text: str, *, config: DeviceConfig) -> Shape:
         (loaded,) = kubeyaml.load_pods(FLAG, config=config, text=yaml.safe_dump(pod, sort_keys=False))
     except TraceError as e:
         # The loader names a file line and the pod; here the flag's value is the input.
-        why = str(e).split(": ", 1)[1].removeprefix(f"Pod {POD_NAME}: container {CONTAINER}: ")
+        why = e.message.removeprefix(f"Pod {POD_NAME}: container {CONTAINER}: ")
         raise InvalidRequest(f"{FLAG}: {text.strip()!r}: {why}") from None
     if not loaded.is_gpu:
         device = next((n for n in valid if n not in HOST_RESOURCES), "nvidia.com/gpu")

@@ -54,6 +54,7 @@ class TraceError(InvalidRequest):
         super().__init__(f"{where}: {message}")
         self.source = source
         self.line = line
+        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
