@@ -47,6 +47,16 @@ CONTAINER_SEP = ";"
 DEVICE_SEP = ":"
 FIELD_SEP = ","
 
+#: The most bytes a registration may hold: Kubernetes' limit on all of an object's annotations together
+#: (256 KiB, TotalAnnotationSizeLimitB); a larger value cannot come from a real node.
+MAX_REGISTRATION_BYTES = 256 * 1024
+#: The deepest nesting of arrays and objects a registration may have. HAMi's deepest (a vendor's device
+#: objects with their custom info) is 4; Python's JSON decoder recurses once per level and fails with a
+#: RecursionError near 1000.
+MAX_JSON_DEPTH = 16
+#: The longest card id accepted (NVML UUIDs are 40 characters, MIG ones up to 47).
+MAX_CARD_ID = 128
+
 
 class BindPhase(StrEnum):
     """Values of `hami.io/bind-phase` (§2.8)."""
@@ -83,15 +93,21 @@ def _int_field(value: str, *, what: str) -> int:
 def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDevice]:
     """Decode one container entry (without its ``;``).
 
-    Fragments without a comma are ignored (HAMi writes none, but tolerates them), and so is the empty
+    An id may hold ``:`` (PCI bus ids): the pieces up to the one with the fields are joined back. Pieces
+    without a comma after the last device are ignored (HAMi writes none, but tolerates them), and so is the empty
     device ``,,0,0`` that some HAMi versions wrote for a container without devices (HAMi#991: the
     device plugin then failed with "unknown uuid"). A device with fewer than 4 fields, an empty uuid
     with a type or usage, or a non-integer memory/cores field raises AnnotationError naming the entry.
     """
     out: list[ContainerDevice] = []
+    prefix = ""
     for n, frag in enumerate(value.split(DEVICE_SEP)):
         if FIELD_SEP not in frag:
+            # Part of an id that holds ':' (a PCI bus id such as Kunlun's 0000:1a:00.0): the device ends
+            # at the ':' after its integer fields, so the pieces before the next comma are its id's.
+            prefix += frag + DEVICE_SEP
             continue
+        frag, prefix = prefix + frag, ""
         parts = frag.split(FIELD_SEP)
         if len(parts) < 4:
             raise AnnotationError(
@@ -152,6 +168,79 @@ def align_pod_devices(
 
 
 # ---------------------------------------------------------------------------------------------------
+# Bounded decoding of what node agents write: size, depth and the card id alphabet.
+
+
+def load_json(
+    value: str, *, max_bytes: int = MAX_REGISTRATION_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> object:
+    """`json.loads(value)` for a value a node agent wrote, bounded before it is parsed.
+
+    Raises AnnotationError when `value` is longer than `max_bytes` bytes (UTF-8), nests arrays and
+    objects deeper than `max_depth`, or is not valid JSON. The depth is counted in one pass over the
+    text (brackets inside strings do not count), so no input reaches the recursive decoder deeper
+    than the bound.
+    """
+    if len(value) > max_bytes or len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise AnnotationError(f"longer than {max_bytes} bytes")
+    depth = 0
+    in_string = escaped = False
+    for ch in value:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise AnnotationError(f"nested deeper than {max_depth} levels of arrays and objects")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError) as e:
+        raise AnnotationError(f"not valid JSON: {e}") from None
+
+
+#: ``:`` is not among them: HAMi's Kunlun ids are PCI bus ids (``0000:1a:00.0``), and the device list
+#: decoder joins such an id back together (a device ends at the ``:`` after its integer fields).
+_CARD_ID_SEPARATORS = (FIELD_SEP, CONTAINER_SEP)
+
+
+def check_card_id(uuid: str, where: str) -> None:
+    """Raise AnnotationError when `uuid` cannot travel in HAMi's wire formats unchanged.
+
+    A card id is written into pod device lists (``uuid,type,mem,cores:`` per device, ``;`` per
+    container) and kubelet's device ids, and read back by splitting on ``,`` and ``;``; an id holding
+    one of them decodes as another card after a restart, which then takes a second pod. HAMi's
+    alphabet is printable ASCII without white space, ``,`` or ``;``, at most `MAX_CARD_ID` characters.
+    """
+    if len(uuid) > MAX_CARD_ID:
+        raise AnnotationError(f"{where}: id is longer than {MAX_CARD_ID} characters")
+    for ch in uuid:
+        if ch in _CARD_ID_SEPARATORS:
+            raise AnnotationError(
+                f"{where}: id {uuid!r} holds {ch!r}, a separator of HAMi's device lists; valid: printable "
+                "ASCII without white space, ',' or ';'"
+            )
+        if not "!" <= ch <= "~":
+            raise AnnotationError(
+                f"{where}: id {uuid!r} holds {ch!r}; valid: printable ASCII without white space, ',' or ';'"
+            )
+
+
+def check_card_ids(devices: Sequence[Device]) -> None:
+    """`check_card_id` for every device (positions 0-based in the messages). Raises AnnotationError."""
+    for i, d in enumerate(devices):
+        check_card_id(d.uuid, f"device {i}")
+
+
+# ---------------------------------------------------------------------------------------------------
 # Node registration, JSON form (§1.6.1).
 
 
@@ -203,10 +292,7 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
     Unknown keys (`devicevendor`, `custominfo`, `migProfiles`) are ignored. Raises AnnotationError for
     invalid JSON, a non-array, a device without `id`, or a field of the wrong type or range.
     """
-    try:
-        raw = json.loads(value)
-    except ValueError as e:
-        raise AnnotationError(f"not valid JSON: {e}") from None
+    raw = load_json(value)
     if not isinstance(raw, list):
         raise AnnotationError("must be a JSON array of devices")
     out: list[Device] = []
@@ -217,6 +303,7 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
         uuid = obj.get("id")
         if not isinstance(uuid, str) or not uuid:
             raise AnnotationError(f"{where}: field 'id' must be a non-empty string")
+        check_card_id(uuid, where)
         where = f"device {i} ({uuid})"
         ints = {k: _json_int(obj, k, where) for k in ("index", "count", "devmem", "devcore", "numa")}
         for k in ("index", "count", "devmem", "devcore"):
@@ -264,7 +351,9 @@ def check_distinct_cards(devices: Sequence[Device], *, indexes: bool = True) -> 
     for i, d in enumerate(devices):
         j = ids.setdefault(d.uuid, i)
         if j != i:
-            raise AnnotationError(f"devices {j} and {i} both have id {d.uuid!r}; every card must be listed once")
+            raise AnnotationError(
+                f"devices {j} and {i} both have id {d.uuid!r}; every card must be listed once"
+            )
         j = seen_index.setdefault(d.index, i) if indexes else i
         if j != i:
             raise AnnotationError(
@@ -312,6 +401,7 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
             raise AnnotationError(f"{where}: health {f[6]!r} is not a boolean (true/false)")
         if not f[0].strip():
             raise AnnotationError(f"{where}: empty id")
+        check_card_id(f[0], where)
         ints = {
             k: _int_field(f[j], what=f"{where} {k}") for j, k in ((1, "count"), (2, "devmem"), (3, "devcore"))
         }
@@ -346,10 +436,7 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
 
 def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
     """``[{"uuid":"GPU-a","score":{"GPU-b":220}}]`` -> ``{"GPU-a": {"GPU-b": 220}}``. Raises AnnotationError."""
-    try:
-        raw = json.loads(value)
-    except ValueError as e:
-        raise AnnotationError(f"not valid JSON: {e}") from None
+    raw = load_json(value)
     if not isinstance(raw, list):
         raise AnnotationError("must be a JSON array of {uuid, score}")
     out: dict[str, dict[str, int]] = {}

@@ -162,11 +162,18 @@ class ClusterState(ClusterQueries, PolicyScoring):
         devices: dict[str, list[Device]] = {}
         unusable = None
         for vendor in self.vendors.values():
+            where = vendor.register_key or vendor.common_word + " inventory"
             try:
                 found = vendor.node_devices(node)
+                if found:
+                    A.check_card_ids(found)  # whatever the vendor's format: ids must survive the wire
             except AnnotationError as e:
-                unusable = f"{vendor.register_key or vendor.common_word + ' inventory'}: {e}"
+                unusable = f"{where}: {e}"
                 log.warning("node %s: malformed registration, node unusable: %s", name, unusable)
+                continue
+            except Exception as e:  # noqa: BLE001 - one node agent's bad value must not stop a rebuild
+                unusable = f"{where}: cannot be read ({type(e).__name__}: {e})"
+                log.warning("node %s: unreadable registration, node unusable: %s", name, unusable)
                 continue
             if found:
                 devices[vendor.common_word] = found
@@ -512,7 +519,10 @@ class ClusterState(ClusterQueries, PolicyScoring):
             for n in nodes:
                 self.upsert_node(n)
             for p in pods:
-                self.upsert_pod(p)
+                try:
+                    self.upsert_pod(p)
+                except Exception:  # noqa: BLE001 - one unreadable pod must not cut the rebuild short
+                    log.exception("pod %s: not counted, its allocation cannot be read", objects.ref(p))
             for p in pending:
                 if p.uid not in self._pods:
                     self._add_record(p)

@@ -18,7 +18,7 @@ import hami
 from hami.cluster import ClusterState
 from hami.kube import KubeClient
 from hami.tls import ReloadingTLS
-from scheduler_extender.events import EventSink
+from scheduler_extender.events import INVALID_REGISTRATION, EventSink
 from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.options import ExtenderOptions
@@ -61,6 +61,7 @@ class Server:
             timeout_s=options.kube_timeout,
         )
         self.metrics = ExtenderMetrics(self.state, version=getattr(hami, "__version__", ""))
+        self._invalid_nodes: set[str] = set()  # nodes labelled in hami_node_registration_invalid
         self.inflight = Inflight(options.reservation_ttl)
         self.lock_queues = LockQueues()
         self.runtime = Runtime(
@@ -71,6 +72,7 @@ class Server:
             sync=options.sync,
             inflight=self.inflight,
             lock_queues=self.lock_queues,
+            on_invalid_registration=self._invalid_registration,
         )
         self.events = EventSink(
             self.client.create_event,
@@ -101,6 +103,25 @@ class Server:
         self.ssl_context = tls_context(options.tls_cert_file, options.tls_private_key_file)
         self.port = 0
         self._runner: web.AppRunner | None = None
+
+    def _invalid_registration(self, node: dict, reason: str | None) -> None:
+        """A node's registration became unreadable (`reason`) or readable again (None): the metric, and
+        a Warning event on the Node naming the annotation and the problem."""
+        meta = node.get("metadata") or {}
+        name = meta.get("name", "")
+        if reason is None:
+            if name in self._invalid_nodes:
+                self._invalid_nodes.discard(name)
+                self.metrics.registration_invalid.remove(name)
+            return
+        self._invalid_nodes.add(name)
+        self.metrics.registration_invalid.labels(name).set(1)
+        self.events.emit(
+            {"kind": "Node", "apiVersion": "v1", "metadata": {"name": name, "uid": meta.get("uid", "")}},
+            reason=INVALID_REGISTRATION,
+            message=f"node left out of scheduling: its device registration cannot be read: {reason}",
+            warning=True,
+        )
 
     def _cached_pod(self, namespace: str, name: str) -> dict | None:
         sync = self.runtime.sync

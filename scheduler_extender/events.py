@@ -30,6 +30,8 @@ BINDING_SUCCEED = "BindingSucceed"
 BINDING_FAILED = "BindingFailed"
 #: Warning: a scheduling policy annotation of the pod could not be used; the default applied instead.
 POLICY_IGNORED = "SchedulingPolicyIgnored"
+#: Warning on a Node: its device registration cannot be read, so the node is left out of scheduling.
+INVALID_REGISTRATION = "InvalidRegistration"
 
 #: `--events`: all (HAMi: every filter and bind), failures (Warning events only), none.
 EVENT_LEVELS = ("all", "failures", "none")

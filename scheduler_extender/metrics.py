@@ -189,6 +189,18 @@ class ExtenderMetrics:
             "1 while the caches are synced in the current leadership term",
             registry=self.registry,
         )
+        self.registration_invalid = Gauge(
+            "hami_node_registration_invalid",
+            "1 for each node whose device registration cannot be read (the node is left out alone)",
+            ["node"],
+            registry=self.registry,
+        )
+        self.annotation_mismatches = Counter(
+            "hami_scheduler_allocation_mismatch_total",
+            "Pod events whose allocation annotations differ from what this extender decided for the pod "
+            "(the decision is counted, not the annotations)",
+            registry=self.registry,
+        )
         self.events_dropped = Counter(
             "hami_scheduler_events_dropped_total",
             "Events not recorded because the event queue was full",

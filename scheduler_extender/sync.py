@@ -126,8 +126,14 @@ class ClusterSync:
         clock: Callable[[], datetime] = datetime.now,
         inflight: Inflight | None = None,
         lock_queues: LockQueues | None = None,
+        on_invalid_registration: Callable[[dict[str, Any], str | None], None] | None = None,
     ) -> None:
         self.client = client
+        # Told (node, reason) when a node's registration turns unreadable, (node, None) when it is
+        # readable again or the node is gone: the operator's event and metric (scheduler_extender.app).
+        self.on_invalid_registration = on_invalid_registration
+        self._invalid: dict[str, str] = {}  # node -> reason its registration cannot be read
+        self.rebuild_error: str | None = None  # why the last rebuild did not complete
         # Binds waiting for a node lock are woken from these watches (scheduler_extender.lockwait).
         self.lock_queues = lock_queues
         self.inflight = inflight if inflight is not None else Inflight(reservation_ttl_s)
@@ -183,8 +189,15 @@ class ClusterSync:
 
     @property
     def synced(self) -> bool:
-        """True once nodes, pods and quotas were each listed and applied in this term."""
-        return self.nodes.synced and self.pods.synced and self.quotas.synced and not self._closed
+        """True once nodes, pods and quotas were each listed and applied in this term, and the last
+        rebuild of the state from them completed."""
+        return (
+            self.nodes.synced
+            and self.pods.synced
+            and self.quotas.synced
+            and self.rebuild_error is None
+            and not self._closed
+        )
 
     def wait_synced(self, timeout_s: float | None = None) -> bool:
         """Block until `synced` (False on timeout)."""
@@ -205,10 +218,29 @@ class ClusterSync:
             ).reason
         # With --register-interval 0 node liveness is off: no verdict from the handshake (`reason` None).
         self._health[name] = reason
-        if self.state.upsert_node(node) is not None:
+        problem = self.state.upsert_node(node)
+        self._note_registration(node, problem)
+        if problem is not None:
             return  # unregistered or malformed: upsert_node already says why
         if reason is not None:
             self.state.mark_node_unusable(name, reason)
+
+    def _note_registration(self, node: dict[str, Any], problem: str | None) -> None:
+        """Tell the operator once when a node's registration becomes unreadable, and when it is not."""
+        name = (node.get("metadata") or {}).get("name", "")
+        invalid = problem if problem is not None and not problem.startswith("node unregistered") else None
+        if self._invalid.get(name) == invalid:
+            return
+        if invalid is None:
+            self._invalid.pop(name, None)
+        else:
+            self._invalid[name] = invalid
+            log.warning("node %s left out: its device registration cannot be read: %s", name, invalid)
+        if self.on_invalid_registration is not None:
+            try:
+                self.on_invalid_registration(node, invalid)
+            except Exception:  # noqa: BLE001 - reporting must not stop the sync
+                log.exception("reporting the registration of node %s failed", name)
 
     def _rebuild_from_caches(self, kind: str) -> None:
         """Rebuild the state from the three caches after `kind` ("nodes", "pods", "quotas") was listed.
@@ -228,10 +260,18 @@ class ClusterSync:
             pods = self.pods.items()
             if mid_term:
                 pods = [p for p in pods if self.inflight.admits(p)]
-            self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
+            try:
+                self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
+                for node in nodes:
+                    self._apply_node(node)
+            except Exception as e:  # noqa: BLE001 - not ready rather than serving from half a state
+                self.rebuild_error = (
+                    f"the state could not be rebuilt from the {kind} list: {type(e).__name__}: {e}"
+                )
+                log.exception("state rebuild after the %s list failed; not ready until one completes", kind)
+                return
+            self.rebuild_error = None
             self.rebuilds += 1
-            for node in nodes:
-                self._apply_node(node)
             log.info(
                 "state rebuilt from %d nodes, %d pods, %d quotas%s",
                 len(nodes),
@@ -269,6 +309,7 @@ class ClusterSync:
                 name = (node.get("metadata") or {}).get("name", "")
                 self._health.pop(name, None)
                 self.state.remove_node(name)
+                self._note_registration(node, None)
         if self.lock_queues is not None:
             self.lock_queues.notify((node.get("metadata") or {}).get("name", ""))  # waiters fail fast
 
