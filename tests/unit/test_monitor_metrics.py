@@ -132,6 +132,7 @@ def test_fake_host_file_is_validated_and_re_read(tmp_path):
 class FakeNvml:
     class Mem:
         used = 123 * MIB
+        total = 143771 * MIB
 
     class Util:
         gpu = 40
@@ -168,7 +169,7 @@ class FakeNvml:
 
 def test_nvidia_host_reads_nvml():
     host = NvidiaHost(FakeNvml())
-    assert host.read() == [HostGpu(0, "GPU-real", "NVIDIA-NVIDIA H200", 123 * MIB, 40.0, 9.0)]
+    assert host.read() == [HostGpu(0, "GPU-real", "NVIDIA-NVIDIA H200", 123 * MIB, 40.0, 9.0, 143771 * MIB)]
     with pytest.raises(ConfigError, match="NVML init failed"):
         NvidiaHost(FakeNvml(fail_init=True))
 
