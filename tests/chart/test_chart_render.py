@@ -227,8 +227,8 @@ def test_scheduler_pod_probes_labels_and_priority() -> None:
     assert deploy["spec"]["template"]["metadata"]["labels"]["hami.io/webhook"] == "ignore"
     assert spec["priorityClassName"] == "system-cluster-critical"
     [ext] = [c for c in spec["containers"] if c["name"] == "hami-scheduler-extender"]
-    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     custom = render({"scheduler": {"priorityClassName": "gpu-critical"}}).one("Deployment", "hami-scheduler")
     assert pod_spec(custom)["priorityClassName"] == "gpu-critical"
 
