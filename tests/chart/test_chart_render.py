@@ -246,7 +246,7 @@ def test_webhook_configuration() -> None:
     [w] = mwc["webhooks"]
     assert w["admissionReviewVersions"] == ["v1", "v1beta1"]
     assert w["sideEffects"] == "None" and w["failurePolicy"] == "Ignore"
-    assert w["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+    assert w["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                            "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
     ns = {e["key"]: e for e in w["namespaceSelector"]["matchExpressions"]}
     assert ns["hami.io/webhook"] == {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
