@@ -71,6 +71,14 @@ class FilterOutcome:
     policy: PolicyChoice | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """What this process's filter decided for one pod UID: the node and each vendor's device lists."""
+
+    node: str
+    devices: PodDevices
+
+
 @dataclass(slots=True)
 class _Pod:
     uid: str
@@ -128,6 +136,12 @@ class ClusterState(ClusterQueries, PolicyScoring):
         self._cpu: dict[str, tuple[str, int]] = {}
         self._request_memo_size = request_memo
         self._request_memo: dict[str, list[ContainerSpec]] = {}
+        # uid -> what this process's filter decided for the pod: counted instead of the pod's allocation
+        # annotations, which its owner can rewrite (`upsert_pod`). Kept until the pod ends, is deleted,
+        # its reservation is released or expires, or the state is rebuilt for a new leadership term.
+        self._decided: dict[str, _Decision] = {}
+        #: Pod events whose allocation annotations differed from the decision (the decision counted).
+        self.allocation_mismatches = 0
 
     # ------------------------------------------------------------------------------------------
     # nodes
@@ -277,14 +291,22 @@ class ClusterState(ClusterQueries, PolicyScoring):
     def upsert_pod(self, pod: Mapping[str, Any]) -> None:
         """Apply a pod add/update event: count its allocation, or release it when terminal.
 
-        Malformed allocation annotations are logged and the pod is not counted (never raises).
+        What is counted is never less than what was decided: a pod this process placed counts the
+        node and cards of that decision, whatever its annotations say now (they are the pod owner's to
+        edit where nothing stops it; a difference is logged and counted in `allocation_mismatches`).
+        A pod placed before this process started counts its annotations, but each card of a vendor
+        with the generic fit at least at what the pod's spec asks there (the spec's device requests
+        cannot change after creation and are what the scheduler fitted). Malformed allocation
+        annotations are logged and the pod is not counted (never raises).
         """
         uid = objects.uid(pod)
         annos = objects.annotations(pod)
         node = annos.get(A.ASSIGNED_NODE)
         ours = not self.scheduler_name or objects.scheduler_name(pod) == self.scheduler_name
         with self._lock:
+            decided = self._decided.get(uid)
             if not ours or pods.is_terminal(pod):
+                self._decided.pop(uid, None)
                 self._drop_record(uid)
                 bound = objects.spec(pod).get("nodeName")
                 if not pods.is_terminal(pod) and isinstance(bound, str) and bound:
@@ -292,8 +314,11 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 else:
                     self._set_cpu(uid, None, 0)
                 return
-            if not node:
-                return  # not (yet) placed by us; a reservation in flight stays
+            rec = self._pods.get(uid)
+            if not node and (decided is None or rec is None or rec.reserved):
+                # Not (yet) placed by us; a reservation in flight stays. (A placement that an earlier
+                # event confirmed and whose annotations are now gone is still counted as decided.)
+                return
             devices: PodDevices = {}
             kinds = pods.container_kinds(pod)
             try:
@@ -304,8 +329,22 @@ class ClusterState(ClusterQueries, PolicyScoring):
                             A.decode_pod_devices(annos[v.allocated_key]), len(kinds)
                         )
             except AnnotationError as e:
-                log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
-                return
+                if decided is None:
+                    log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
+                    return
+                devices = {}
+            if decided is not None:
+                if node != decided.node or devices != decided.devices:
+                    self.allocation_mismatches += 1
+                    log.warning(
+                        "pod %s: its allocation annotations (node %s) differ from what was decided for it "
+                        "(node %s); counting the decision",
+                        objects.ref(pod), node, decided.node,
+                    )  # fmt: skip
+                node = decided.node
+                devices = {v: [list(c) for c in lst] for v, lst in decided.devices.items()}
+            else:
+                devices = self._at_least_the_spec(pod, node, devices)
             if pods.init_done(pod):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.
                 devices = pods.without_finished_init(devices, kinds)
@@ -330,9 +369,59 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 )
             )
 
+    def _at_least_the_spec(self, pod: Mapping[str, Any], node: str, devices: PodDevices) -> PodDevices:
+        """`devices` with each card of a generic-fit vendor raised to what the pod's spec asks on it.
+
+        For a pod this process did not place (a restart, another replica's term): its annotations may
+        have been rewritten by its owner, its spec's device requests not. Cards the node does not
+        register, containers without a request and vendors with their own fit are left as written.
+        """
+        n = self._nodes.get(node)
+        if n is None or not devices:
+            return devices
+        try:
+            specs = self.pod_requests(pod)
+        except InvalidRequest:
+            return devices
+        out: PodDevices = {}
+        for vendor, lists in devices.items():
+            v = self.vendors.get(vendor)
+            if v is None or v.custom_fit:
+                out[vendor] = lists
+                continue
+            raised = []
+            for i, entry in enumerate(lists):
+                asked = specs[i].requests if i < len(specs) else ()
+                req = next((r for r in asked if r.vendor == vendor), None)
+                fixed = []
+                for d in entry:
+                    card = n.by_uuid.get(d.uuid)
+                    if req is None or card is None:
+                        fixed.append(d)
+                        continue
+                    mem, cores = max(d.usedmem, req.memory_on(card)), max(d.usedcores, req.coresreq)
+                    if (mem, cores) != (d.usedmem, d.usedcores):
+                        log.warning(
+                            "pod %s container %d: allocation on %s says %d MiB / %d %%, its spec asks %d MiB / "
+                            "%d %%; counting the spec",
+                            objects.ref(pod), i, d.uuid, d.usedmem, d.usedcores, req.memory_on(card), req.coresreq,
+                        )  # fmt: skip
+                        d = replace(d, usedmem=mem, usedcores=cores)
+                    fixed.append(d)
+                raised.append(fixed)
+            out[vendor] = raised
+        return out
+
+    def decision(self, uid: str) -> tuple[str, PodDevices] | None:
+        """(node, device lists per vendor) this process's filter decided for pod `uid`, or None."""
+        with self._lock:
+            d = self._decided.get(uid)
+            return None if d is None else (d.node, d.devices)
+
     def remove_pod(self, uid: str) -> bool:
         """A pod was deleted (or its reservation must go): free its usage. True when something was freed."""
         with self._lock:
+            self._decided.pop(uid, None)
             freed = self._drop_record(uid) is not None
             self._set_cpu(uid, None, 0)
             return freed
@@ -346,6 +435,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
             stale = [p.uid for p in self._pods.values() if p.reserved and now - p.since > max_age_s]
             for uid in stale:
                 self._drop_record(uid)
+                self._decided.pop(uid, None)
         return stale
 
     # ------------------------------------------------------------------------------------------
@@ -430,6 +520,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 policy = replace(policy, fragmentation=model)
             out = FilterOutcome(warnings=policy.warnings, policy=policy)
             self._drop_record(uid)
+            self._decided.pop(uid, None)  # a new decision replaces it, or none stands (the pod is cleared)
             failed = out.failed_nodes
             needs = pod_needs(containers, selections)
             for v in needs:
@@ -478,6 +569,9 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 )  # fmt: skip
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
             self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time(), cpu))
+            self._decided[uid] = _Decision(
+                chosen.name, {v: [list(c) for c in lst] for v, lst in fit.devices.items()}
+            )
         out.node, out.devices = chosen.name, fit.devices
         stamp = int(time.time() if now is None else now)
         out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
@@ -509,6 +603,9 @@ class ClusterState(ClusterQueries, PolicyScoring):
         """
         with self._lock, _gc_paused():
             pending = [p for p in self._pods.values() if p.reserved] if keep_reservations else []
+            if not keep_reservations:
+                # A new term decides from the API server alone; another replica may have decided since.
+                self._decided.clear()
             self._nodes.clear()
             self._pods.clear()
             self._verdicts.reset()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from hami.cluster import ClusterState
@@ -123,6 +123,12 @@ class ClusterCollector(Collector):
             limit.add_metric([ns, res, ZONE], lim)
         yield used
         yield limit
+        yield CounterMetricFamily(
+            "hami_scheduler_allocation_mismatch",
+            "Pod events whose allocation annotations differ from what this extender decided for the pod "
+            "(the decision is counted, not the annotations)",
+            value=self.state.allocation_mismatches,
+        )
 
 
 class ExtenderMetrics:
@@ -193,12 +199,6 @@ class ExtenderMetrics:
             "hami_node_registration_invalid",
             "1 for each node whose device registration cannot be read (the node is left out alone)",
             ["node"],
-            registry=self.registry,
-        )
-        self.annotation_mismatches = Counter(
-            "hami_scheduler_allocation_mismatch_total",
-            "Pod events whose allocation annotations differ from what this extender decided for the pod "
-            "(the decision is counted, not the annotations)",
             registry=self.registry,
         )
         self.events_dropped = Counter(
