@@ -34,6 +34,7 @@ from hami.pods import ContainerSpec, collapse_grants
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies
+from hami.spec_limits import at_least_the_spec
 from hami.vendors import build_vendors
 from hami.vendors.base import AllocationContext, Vendor
 
@@ -370,12 +371,9 @@ class ClusterState(ClusterQueries, PolicyScoring):
             )
 
     def _at_least_the_spec(self, pod: Mapping[str, Any], node: str, devices: PodDevices) -> PodDevices:
-        """`devices` with each card of a generic-fit vendor raised to what the pod's spec asks on it.
-
-        For a pod this process did not place (a restart, another replica's term): its annotations may
-        have been rewritten by its owner, its spec's device requests not. Cards the node does not
-        register, containers without a request and vendors with their own fit are left as written.
-        """
+        """`devices` with each card of a generic-fit vendor raised to what the pod's spec asks on it
+        (`hami.spec_limits`): for a pod this process did not place, whose annotations its owner may
+        have rewritten and whose spec's device requests cannot have changed."""
         n = self._nodes.get(node)
         if n is None or not devices:
             return devices
@@ -383,34 +381,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
             specs = self.pod_requests(pod)
         except InvalidRequest:
             return devices
-        out: PodDevices = {}
-        for vendor, lists in devices.items():
-            v = self.vendors.get(vendor)
-            if v is None or v.custom_fit:
-                out[vendor] = lists
-                continue
-            raised = []
-            for i, entry in enumerate(lists):
-                asked = specs[i].requests if i < len(specs) else ()
-                req = next((r for r in asked if r.vendor == vendor), None)
-                fixed = []
-                for d in entry:
-                    card = n.by_uuid.get(d.uuid)
-                    if req is None or card is None:
-                        fixed.append(d)
-                        continue
-                    mem, cores = max(d.usedmem, req.memory_on(card)), max(d.usedcores, req.coresreq)
-                    if (mem, cores) != (d.usedmem, d.usedcores):
-                        log.warning(
-                            "pod %s container %d: allocation on %s says %d MiB / %d %%, its spec asks %d MiB / "
-                            "%d %%; counting the spec",
-                            objects.ref(pod), i, d.uuid, d.usedmem, d.usedcores, req.memory_on(card), req.coresreq,
-                        )  # fmt: skip
-                        d = replace(d, usedmem=mem, usedcores=cores)
-                    fixed.append(d)
-                raised.append(fixed)
-            out[vendor] = raised
-        return out
+        return at_least_the_spec(devices, specs, n.by_uuid, self.vendors, ref=objects.ref(pod))
 
     def decision(self, uid: str) -> tuple[str, PodDevices] | None:
         """(node, device lists per vendor) this process's filter decided for pod `uid`, or None."""
