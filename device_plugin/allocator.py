@@ -46,7 +46,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,6 +70,7 @@ from device_plugin.lock_holder import LockHolder, PendingPod
 from device_plugin.recorded_cards import CARD_MISMATCH_REASON, EVENT_COMPONENT, VENDOR, RecordedCards
 from hami import annotations as ann
 from hami.model import ContainerDevice
+from hami.vendors.nvidia import NvidiaConfig
 
 __all__ = [
     "CARD_MISMATCH_REASON",
@@ -134,8 +135,12 @@ class AllocatorSettings:
     hook_path: str = "/usr/local"
     lock_dir: str = "/tmp/vgpulock"
     memory_scaling: float = 1.0
+    core_scaling: float = 1.0
     lib_cuda_log_level: str = "1"
     disable_core_limit: bool = False
+    #: The node's ``nvidia`` device config: how a container's spec reads as a request (resource names,
+    #: memoryFactor, defaultMemory, defaultCores), the ceiling of what Allocate serves.
+    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
 
     @property
     def vgpu_dir(self) -> Path:

@@ -25,9 +25,10 @@ from device_plugin.errors import AllocationRefused
 from device_plugin.lock_holder import PendingPod
 from hami import annotations as ann
 from hami import pods
-from hami.errors import AnnotationError
+from hami.errors import AnnotationError, InvalidRequest
 from hami.model import ContainerDevice
-from hami.vendors.nvidia import control_disabled
+from hami.spec_limits import asked_on
+from hami.vendors.nvidia import NvidiaVendor, control_disabled
 
 if TYPE_CHECKING:
     from device_plugin.allocator import AllocatorSettings, Kube
@@ -104,6 +105,9 @@ class RecordedCards:
             raise await refuse(
                 "unknown_card", f"recorded card(s) {unknown} are not cards of node {s.node_name}"
             )
+        beyond = self._beyond_the_spec(ctr, entry)
+        if beyond:
+            raise await refuse("beyond_spec", beyond)
         physical = [self.state.card_of(i) for i in ids]
         if None in physical:
             bad = [i for i, p in zip(ids, physical, strict=True) if p is None]
@@ -135,6 +139,38 @@ class RecordedCards:
         if idx < pending.n_init:
             self._init_ids.setdefault(pending.uid, set()).update(ids)
         return await self._respond(pending, ctr, entry, refuse)
+
+    def _beyond_the_spec(self, ctr: dict, entry: list[ContainerDevice]) -> str | None:
+        """Why `entry` serves more than the container's spec asks or than a card has, or None.
+
+        The spec's device requests are written by the pod's owner, but they cannot change after
+        creation and are what the scheduler fitted; the annotations could have been rewritten since.
+        So no card is served more memory than the spec asks on it (MiB, percent of the card, or the
+        whole card; `hami.spec_limits.asked_on`) nor than its registered memory, and no more SM
+        percent than the spec asks (at most 100).
+        """
+        s = self.settings
+        try:
+            req = NvidiaVendor(s.nvidia).container_request(ctr)
+        except InvalidRequest as e:
+            return f"its request cannot be read: {e}"
+        if req is None:
+            return f"it does not limit {s.resource_name}"
+        registered = self.state.registration(memory_scaling=s.memory_scaling, core_scaling=s.core_scaling)
+        cards = {d.uuid: d for d in registered}
+        for d in entry:
+            card = cards.get(d.uuid)
+            if card is None:
+                continue  # refused as an unknown card
+            mem, cores = asked_on(req, card)
+            if d.usedmem > min(mem, card.devmem):
+                return (
+                    f"recorded {d.usedmem} MiB on card {d.uuid}, but the container asks {mem} MiB there and the "
+                    f"card has {card.devmem} MiB"
+                )
+            if d.usedcores > min(cores, 100):
+                return f"recorded {d.usedcores} % of card {d.uuid}'s SMs, but the container asks {cores} %"
+        return None
 
     async def _card_mismatch(
         self,

@@ -9,6 +9,7 @@ working against our annotations.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,11 @@ WEBHOOK_IGNORE = "hami.io/webhook"  # label value "ignore" on a pod or namespace
 
 # Node annotations (§1.5).
 NODE_LOCK = "hami.io/mutex.lock"
+# Written with the node lock by this project's extender (HAMi's components ignore it): the UID of the
+# pod the lock was taken for and a digest of the allocation decided for it, on the Node, which pod
+# owners cannot write. The device plugin serves the lock holder only when both match (see
+# `AllocationStamp`).
+NODE_LOCK_ALLOCATION = "hami.io/mutex.lock-allocation"
 DEVICE_CORDON = "hami.io/device-cordon"
 NVIDIA_REGISTER = "hami.io/node-nvidia-register"
 NVIDIA_HANDSHAKE = "hami.io/node-handshake"
@@ -501,6 +507,50 @@ def decode_node_lock(value: str) -> NodeLock:
     if not parts[1] or not parts[2]:
         raise AnnotationError(f"lock value {value!r}: empty namespace or pod name")
     return NodeLock(time=t, namespace=parts[1], name=parts[2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The node lock's allocation stamp (`hami.io/mutex.lock-allocation`).
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationStamp:
+    """Whom the node lock was taken for and what was decided for it: the pod's UID and, per allocation
+    annotation key, the SHA-256 (hex) of the value the scheduler wrote."""
+
+    uid: str
+    digests: Mapping[str, str]
+
+    def matches(self, key: str, value: str | None) -> bool:
+        """Whether `value` of annotation `key` is what the scheduler wrote (False when not stamped)."""
+        want = self.digests.get(key)
+        return want is not None and value is not None and want == digest(value)
+
+
+def digest(value: str) -> str:
+    """SHA-256 (hex) of an annotation value, as `AllocationStamp` holds it."""
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def encode_allocation_stamp(uid: str, allocations: Mapping[str, str]) -> str:
+    """``{"uid":"<uid>","sha256":{"<key>":"<hex>",...}}`` for the allocation annotations decided."""
+    return json.dumps(
+        {"uid": uid, "sha256": {k: digest(v) for k, v in sorted(allocations.items())}}, separators=(",", ":")
+    )
+
+
+def decode_allocation_stamp(value: str) -> AllocationStamp:
+    """Parse a stamp. Raises AnnotationError for anything but `encode_allocation_stamp`'s shape."""
+    raw = load_json(value, max_bytes=4096, max_depth=2)
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("uid"), str)
+        or not raw["uid"]
+        or not isinstance(raw.get("sha256"), dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw["sha256"].items())
+    ):
+        raise AnnotationError('want {"uid": "<pod uid>", "sha256": {"<annotation>": "<hex>"}}')
+    return AllocationStamp(uid=raw["uid"], digests=dict(raw["sha256"]))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -389,6 +389,27 @@ class ClusterState(ClusterQueries, PolicyScoring):
             d = self._decided.get(uid)
             return None if d is None else (d.node, d.devices)
 
+    def decided_allocations(self, uid: str) -> dict[str, str]:
+        """The allocated-list annotations (key -> value) of this process's decision for pod `uid`, for
+        the vendors whose device plugin the node lock serves (`Vendor.uses_node_lock`) and whose value
+        does not depend on the filter's context; {} without a decision. What the node lock's
+        allocation stamp (`hami.annotations.encode_allocation_stamp`) digests."""
+        decided = self.decision(uid)
+        if decided is None:
+            return {}
+        out = {}
+        for vendor, lists in decided[1].items():
+            v = self.vendors.get(vendor)
+            if v is None or not v.uses_node_lock:
+                continue
+            try:
+                value = v.allocation_annotations(lists).get(v.allocated_key)
+            except Exception:  # noqa: BLE001 - a vendor whose lists need the filter's context: not stamped
+                continue
+            if value is not None:
+                out[v.allocated_key] = value
+        return out
+
     def remove_pod(self, uid: str) -> bool:
         """A pod was deleted (or its reservation must go): free its usage. True when something was freed."""
         with self._lock:
