@@ -51,10 +51,14 @@ class ResponseBuilder:
         ctr: dict,
         entry: list[ContainerDevice],
         refuse: Callable[[str, str], Any],
+        *,
+        fresh: bool = True,
     ) -> pb.ContainerAllocateResponse:
         """The response for `entry`'s cards: env (limits, shared cache) and mounts (libvgpu, dirs).
 
         `refuse(reason, message)` is awaited to build the error raised when the host is not ready.
+        `fresh`: start the container's host directory empty (False when the same container is served
+        again after a reboot: it is its own directory).
         """
         s = self.settings
         name = ctr.get("name", "?")
@@ -69,7 +73,7 @@ class ResponseBuilder:
                 f"{', '.join(missing)} missing on node {s.node_name}; the device plugin DaemonSet installs them",
             )
         try:
-            cache_dir = await asyncio.to_thread(self._prepare_dirs, pending.uid, name)
+            cache_dir = await asyncio.to_thread(self._prepare_dirs, pending.uid, name, fresh)
         except OSError as e:
             raise await refuse("host_dir", f"cannot prepare host directories: {e}") from None
 
@@ -104,11 +108,13 @@ class ResponseBuilder:
                    for m in extra]  # fmt: skip
         return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
 
-    def _prepare_dirs(self, pod_uid: str, container: str) -> Path:
-        """Fresh ``<hook>/vgpu/containers/<podUID>_<ctr>`` (0777) and the lock dir (0777) on the host."""
+    def _prepare_dirs(self, pod_uid: str, container: str, fresh: bool = True) -> Path:
+        """``<hook>/vgpu/containers/<podUID>_<ctr>`` (0777; emptied when `fresh`) and the lock dir (0777)
+        on the host."""
         s = self.settings
         cache_dir = s.vgpu_dir / "containers" / f"{pod_uid}_{container}"
-        shutil.rmtree(cache_dir, ignore_errors=True)  # a stale cache file would carry another run's usage
+        if fresh:
+            shutil.rmtree(cache_dir, ignore_errors=True)  # a stale cache file would carry another run's usage
         cache_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(cache_dir, 0o777)  # noqa: S103 - any container user must be able to write its cache
         Path(s.lock_dir).mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,7 @@ class PendingPod:
     containers: list[dict]
     n_init: int = 0
     boot_id: str = ""  # the node's status.nodeInfo.bootID when it was read for this request
+    node_pods: frozenset[str] = frozenset()  # UIDs of the pods listed on this node for this request
 
     @property
     def namespace(self) -> str:
@@ -73,7 +74,6 @@ class LockHolder:
     on_readmitted: Callable[[], None]
     _release_lock: Callable[..., bool]
     _init_ids: dict[str, set[str]]
-    _readmitted: set[tuple[str, int]]
 
     async def _pending_pod(self, *, mutate: bool = True) -> PendingPod:
         """The pod named by this node's lock, validated. Raises AllocationRefused.
@@ -159,7 +159,7 @@ class LockHolder:
         problem = self._record_problem(ref, annos, entries, containers)
         if problem:
             raise await fail(pod, "bad_annotation", problem)
-        other = await self._other_pod_in_flight(pod)
+        other, node_pods = await self._other_pod_in_flight(pod)
         if other is not None:
             # Not `fail`: which of the two kubelet is admitting cannot be told, so neither is marked.
             raise AllocationRefused(
@@ -170,7 +170,14 @@ class LockHolder:
             )
         n_init = pods.init_count(pod)
         boot_id = str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
-        return PendingPod(pod=pod, entries=entries, containers=containers, n_init=n_init, boot_id=boot_id)
+        return PendingPod(
+            pod=pod,
+            entries=entries,
+            containers=containers,
+            n_init=n_init,
+            boot_id=boot_id,
+            node_pods=node_pods,
+        )
 
     def _stamp_problem(
         self, node: Mapping[str, Any], pod: dict, ref: str, annos: Mapping[str, str]
@@ -205,13 +212,15 @@ class LockHolder:
             )
         return None
 
-    async def _other_pod_in_flight(self, holder: dict) -> str | None:
+    async def _other_pod_in_flight(self, holder: dict) -> tuple[str | None, frozenset[str]]:
         """Another pod of ours bound to this node with cards still to allocate (bind-phase allocating),
-        or None. Only the lock serialises Allocate per node, and kubelet names no pod: with two such
-        pods (the holder's lock taken over after its expiry, HAMi#3096) a request could be either's."""
+        or None, and the UIDs of the pods on this node. Only the lock serialises Allocate per node, and
+        kubelet names no pod: with two such pods (the holder's lock taken over after its expiry,
+        HAMi#3096) a request could be either's."""
         s = self.settings
         listed = await self._call(self.kube.list_pods, field_selector=f"spec.nodeName={s.node_name}")
         uid = (holder.get("metadata") or {}).get("uid")
+        uids = frozenset(str((p.get("metadata") or {}).get("uid", "")) for p in listed) | {str(uid)}
         for p in listed:
             meta = p.get("metadata") or {}
             annos = ann.pod_annotations(p)
@@ -228,8 +237,8 @@ class LockHolder:
             except AnnotationError:
                 continue
             if any(left):
-                return f"{meta.get('namespace')}/{meta.get('name')}"
-        return None
+                return f"{meta.get('namespace')}/{meta.get('name')}", uids
+        return None, uids
 
     def _record_problem(
         self, ref: str, annos: Mapping[str, str], entries: list[list[ContainerDevice]], containers: list[dict]

@@ -126,3 +126,94 @@ async def test_two_pods_between_bind_and_allocate_are_never_guessed_between(
         B,
         "5000m",
     )
+
+
+# ----- no lock held: only a proven reboot, only this plugin's record, never another pod's card
+
+
+def _decoy(apiserver, victim: dict, *, scheduler: str = "default-scheduler", mem: str = "1000") -> dict:
+    """A pod bound to the node by its owner (spec.nodeName), with the victim's annotations copied."""
+    pod = {
+        "metadata": {
+            "name": "decoy",
+            "namespace": "default",
+            "annotations": dict(victim["metadata"]["annotations"]),
+        },
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeName": NODE,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "cuda",
+                    "resources": {"limits": {RESOURCE: "1", "nvidia.com/gpumem": mem}},
+                }
+            ],
+        },
+    }
+    return apiserver.store.create("pods", pod, keep_status=False)
+
+
+async def _served_victim(apiserver, kube, kubelet, hook) -> tuple[dict, object]:
+    victim = schedule(apiserver, kube, "victim", [("main", [dev(A, 1000, 30)])])
+    await kubelet.admit_pod(victim, RESOURCE)
+    apiserver.store.set_pod_phase("default", "victim", "Running")
+    cache = hook / "vgpu" / "containers" / f"{victim['metadata']['uid']}_main"
+    (cache / "usage.cache").write_text("the victim's usage")
+    return apiserver.store.get("pods", "victim", namespace="default"), cache
+
+
+@pytest.mark.parametrize("scheduler", ["default-scheduler", "hami-scheduler"])
+async def test_a_decoy_bound_by_hand_never_gets_the_running_pods_card(
+    apiserver, kube, kubelet, plugin, hook, scheduler
+) -> None:
+    victim, cache = await _served_victim(apiserver, kube, kubelet, hook)
+    _decoy(apiserver, victim, scheduler=scheduler)
+    with pytest.raises(AdmissionError, match="no pod holds the node lock"):
+        await kubelet.admit_container(RESOURCE, 1)
+    assert (cache / "usage.cache").read_text() == "the victim's usage"  # not wiped for the decoy
+    assert "hami_device_plugin_allocation_readmissions_total 0.0" in plugin.metrics.render().decode()
+
+
+async def test_after_a_reboot_a_decoy_on_the_node_stops_every_readmission(
+    apiserver, kube, kubelet, plugin, hook
+) -> None:
+    from tests.integration.test_device_plugin_allocator import reboot
+
+    victim, cache = await _served_victim(apiserver, kube, kubelet, hook)
+    _decoy(apiserver, victim, mem="30000")
+    reboot(kubelet, apiserver)
+    with pytest.raises(
+        AdmissionError, match="default/decoy on node node1 limit nvidia.com/gpu but were never served"
+    ):
+        await kubelet.admit_container(RESOURCE, 1)
+    # kubelet failed the decoy's admission; the victim's container is served its own record again.
+    apiserver.store.set_pod_phase("default", "decoy", "Failed")
+    _ids, resp = await kubelet.admit_container(RESOURCE, 1)
+    env = env_of(resp)
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == (
+        A, "1000m", "30",
+    )  # fmt: skip
+    assert (cache / "usage.cache").read_text() == "the victim's usage"  # its own directory, kept
+
+
+async def test_after_a_reboot_the_record_is_served_not_the_rewritten_annotations(
+    apiserver, kube, kubelet, plugin, hook
+) -> None:
+    from tests.integration.test_device_plugin_allocator import reboot
+
+    await _served_victim(apiserver, kube, kubelet, hook)
+    greedy = f"{B},NVIDIA,30000,100:;"
+    _rewrite(apiserver, "victim", **{ann.NVIDIA_ALLOCATED: greedy, ann.NVIDIA_TO_ALLOCATE: ";"})
+    reboot(kubelet, apiserver)
+    _ids, resp = await kubelet.admit_container(RESOURCE, 1)
+    env = env_of(resp)
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == (
+        A, "1000m", "30",
+    )  # fmt: skip
+    # Served again once in this boot; a second reboot allows it once more.
+    with pytest.raises(AdmissionError):
+        await kubelet.admit_container(RESOURCE, 1)
+    reboot(kubelet, apiserver, boot_id="boot-3")
+    _ids, resp = await kubelet.admit_container(RESOURCE, 1)
+    assert env_of(resp)["NVIDIA_VISIBLE_DEVICES"] == A
