@@ -33,7 +33,7 @@ ENV_SHARED_CACHE = "CUDA_DEVICE_MEMORY_SHARED_CACHE"  # the usage file libvgpu w
 ENV_OVERSUBSCRIBE = "CUDA_OVERSUBSCRIBE"  # "true" when deviceMemoryScaling > 1
 ENV_LOG_LEVEL = "LIBCUDA_LOG_LEVEL"
 ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"  # "disable" when disableCoreLimit
-ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"  # container opt-out, read from the pod spec by value
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"  # set (and written to vgpu.config) for an exclusive opt-out
 
 # Container-side paths (HAMi-core's expectations).
 CTR_PRELOAD = "/etc/ld.so.preload"
@@ -65,7 +65,11 @@ class ResponseBuilder:
         recorded = [d.uuid for d in entry]
         lib = s.vgpu_dir / "libvgpu.so"
         preload = s.vgpu_dir / "ld.so.preload"
-        control = not control_disabled(ctr)
+        # The control switch turns off only for a container the scheduler gave whole, exclusive cards
+        # because its spec literally sets CUDA_DISABLE_CONTROL true (what the scheduler can see; 100 %
+        # of every card is its mark). A value from envFrom/valueFrom, or a shared card, keeps libvgpu
+        # enforcing: the file below is the authority, and libvgpu ignores the environment's switch.
+        control = not (control_disabled(ctr) and bool(entry) and all(d.usedcores >= 100 for d in entry))
         missing = [str(p) for p in ((lib, preload) if control else (lib,)) if not p.is_file()]
         if missing:
             raise await refuse(
@@ -91,6 +95,8 @@ class ResponseBuilder:
         # libvgpu's read-only config file (limits for processes with a scrubbed environment) and the
         # node-wide per-card regions (fair sharing between the card's containers): vgpu_config.py
         envs[vgpu_config.ENV_CARD_DIR] = str(vgpu_config.card_dir(s.vgpu_dir))
+        if not control:
+            envs[ENV_DISABLE_CONTROL] = "true"  # written into vgpu.config as well
         try:
             extra = await asyncio.to_thread(vgpu_config.prepare, s.vgpu_dir, cache_dir, envs, recorded, ctr)
         except (OSError, vgpu_config.ConfigFileError) as e:

@@ -229,7 +229,8 @@ async def test_init_and_multi_card_containers_in_order_with_disable_control_by_v
         kube,
         "multi",
         init=[("setup", [])],
-        containers=[("c1", [dev(A, 1000, 10)]), ("c2", [dev(A, 2000, 0), dev(B, 2000, 0)])],
+        # c2 opts out by value: the scheduler gives it whole, exclusive cards (100 % each).
+        containers=[("c1", [dev(A, 1000, 10)]), ("c2", [dev(A, 2000, 100), dev(B, 2000, 100)])],
         env={"c1": {"CUDA_DISABLE_CONTROL": "false"}, "c2": {"CUDA_DISABLE_CONTROL": "true"}},
     )
     ids1, r1 = await kubelet.admit_container(RESOURCE, 1)
@@ -241,7 +242,7 @@ async def test_init_and_multi_card_containers_in_order_with_disable_control_by_v
     )  # "false" keeps control
     # After the first container: its entry consumed, lock kept for the next one.
     annos = pod_annos(apiserver, "multi")
-    assert annos[ann.NVIDIA_TO_ALLOCATE] == f";;{A},NVIDIA,2000,0:{B},NVIDIA,2000,0:;"
+    assert annos[ann.NVIDIA_TO_ALLOCATE] == f";;{A},NVIDIA,2000,100:{B},NVIDIA,2000,100:;"
     assert annos[ann.BIND_PHASE] == "allocating"
     assert node_annos(apiserver)[ann.NODE_LOCK].endswith(",default,multi")
 
@@ -253,7 +254,7 @@ async def test_init_and_multi_card_containers_in_order_with_disable_control_by_v
         env2["CUDA_DEVICE_MEMORY_LIMIT_0"],
         env2["CUDA_DEVICE_MEMORY_LIMIT_1"],
     ) == (f"{A},{B}", "2000m", "2000m")
-    assert env2["CUDA_DEVICE_SM_LIMIT"] == "0"
+    assert env2["CUDA_DEVICE_SM_LIMIT"] == "100"
     assert "/etc/ld.so.preload" not in [m[0] for m in mounts_of(r2)]
     uid = apiserver.store.get("pods", "multi", namespace="default")["metadata"]["uid"]
     assert (f"{hook}/vgpu", f"{hook}/vgpu/containers/{uid}_c2", False) in mounts_of(r2)
