@@ -42,7 +42,7 @@ def at_least_the_spec(
 
     `specs`: the pod's requests per container (`hami.pods.requests`); `cards`: the node's registered
     cards by UUID. Cards not in `cards`, containers without a request of that vendor and vendors with
-    their own fit are left as written. A raised card is logged with `ref` (the pod) and both figures.
+    their own fit are left as written. A raised card is logged (at debug level) with `ref` (the pod) and both figures.
     """
     out: PodDevices = {}
     for vendor, lists in devices.items():
@@ -60,7 +60,8 @@ def at_least_the_spec(
                 if req is not None and card is not None:
                     mem, cores = asked_on(req, card)
                     if mem > d.usedmem or cores > d.usedcores:
-                        log.warning(
+                        # Debug only: every relist would repeat it, and the simulator and tools print logs.
+                        log.debug(
                             "pod %s container %d: allocation on %s says %d MiB / %d %%, its spec asks %d MiB / "
                             "%d %%; counting at least the spec",
                             ref, i, d.uuid, d.usedmem, d.usedcores, mem, cores,
