@@ -414,7 +414,8 @@ def release_node_lock(
             return False
         rv = (node.get("metadata") or {}).get("resourceVersion")
         patch: dict[str, str | None] = {key: None}
-        if key == NODE_LOCK and NODE_LOCK_ALLOCATION in ((node.get("metadata") or {}).get("annotations") or {}):
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        if key == NODE_LOCK and NODE_LOCK_ALLOCATION in annotations:
             patch[NODE_LOCK_ALLOCATION] = None  # the stamp belongs to the lock it was written with
         try:
             client.patch_node_annotations(node_name, patch, resource_version=rv)

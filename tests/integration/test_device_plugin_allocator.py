@@ -797,6 +797,8 @@ async def test_without_a_new_boot_id_nothing_is_served_again(apiserver, kube, ku
     pod = schedule(apiserver, kube, "steady", [("main", [dev(A, 1000, 10)])])
     await kubelet.admit_pod(pod, RESOURCE)
     reboot(kubelet)  # kubelet forgot its assignments, but the boot ID is the same
-    with pytest.raises(AdmissionError, match=r"no pod on node node1 has a container of 1 card\(s\) served before"):
+    with pytest.raises(
+        AdmissionError, match=r"no pod on node node1 has a container of 1 card\(s\) served before"
+    ):
         await kubelet.admit_container(RESOURCE, 1)
     assert "hami_device_plugin_allocation_readmissions_total 0.0" in plugin.metrics.render().decode()
