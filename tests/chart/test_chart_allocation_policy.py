@@ -97,3 +97,23 @@ def test_the_policy_guards_every_key_the_webhook_protects() -> None:
     # The owner's own annotations (and HAMi's user-set policy annotations) stay the owner's.
     assert allowed({"hami.io/node-scheduler-policy": "spread"}, {"hami.io/node-scheduler-policy": "binpack"})
     assert allowed({"hami.io/gpu-scheduler-policy": "binpack"}, None)
+
+
+def test_the_webhook_is_not_called_for_hamis_own_updates() -> None:
+    # Kubernetes 1.28/1.29 without the policy API: the webhook guards UPDATE, but the scheduler's and the
+    # device plugin's updates (the filter's and Allocate's patches) need no call.
+    [hook] = render({}, kube_version="v1.29.0").one("MutatingWebhookConfiguration", "hami-webhook")[
+        "webhooks"
+    ]
+    by_name = {c["name"]: c["expression"] for c in hook["matchConditions"]}
+    expr = by_name["not-an-update-by-hami"]
+
+    def sent(operation: str, user: str) -> bool:
+        import celpy
+
+        env = celpy.Environment()
+        activation = {"request": celpy.json_to_cel({"operation": operation, "userInfo": {"username": user}})}
+        return bool(env.program(env.compile(expr)).evaluate(activation))
+
+    assert not sent("UPDATE", WRITERS[0]) and not sent("UPDATE", WRITERS[1])
+    assert sent("UPDATE", "alice") and sent("CREATE", WRITERS[0])
