@@ -136,9 +136,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         )
         # Vendors whose inventory is node capacity or labels (Cambricon, AWS Neuron, ...): their
         # entries are part of what a node's devices were parsed from.
-        self._capacity_keys = tuple(
-            dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys)
-        )
+        self._capacity_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys))
         self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
         # Every node's prefilter verdict per demand; the nodes tell it when they change (`_Node.touch`).
         self._verdicts = VerdictIndex()
@@ -479,14 +477,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             scorers = [self.vendors[v] for v in wanted if self.vendors[v].scores_nodes]
             if scorers:
                 chosen, fit = self._best_by_vendor_scores(
-                    chosen,
-                    fit,
-                    order.entries(),
-                    containers,
-                    selections,
-                    policy,
-                    quota,
-                    scorers,
+                    chosen, fit, order.entries(), containers, selections, policy, quota, scorers,
                     failed if explain else None,
                 )
             if log.isEnabledFor(logging.DEBUG):
@@ -598,12 +589,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                 for n in prefilter(self._nodes, node_names, needs, out.failed_nodes):
                     view = self._held_view(n, uid, prio) if self._holds else n.view()
                     fit = fit_pod(
-                        containers,
-                        view,
-                        vendors=self.vendors,
-                        selections=selections,
-                        policy=policy,
-                        quota=quota,
+                        containers, view, vendors=self.vendors, selections=selections, policy=policy, quota=quota
                     )
                     if fit.ok:
                         fits.add(n.name)

@@ -8,8 +8,9 @@ the extender is never told. Without a hold, the cards freed by the victims could
 lower-priority pod filtered in between, and the preemptor would have to preempt again. A hold counts,
 for every pod of lower priority than the nominee, the nominee's planned cards on top of what the
 victims still hold there: per card the larger of the usage now and the usage once the victims are
-gone and the nominee runs, so nothing is counted twice and nothing is freed early. Pods of equal or
-higher priority do not see it (kube-scheduler's rule for its own resources); neither does the nominee.
+gone and the nominee runs, so nothing is counted twice and nothing is freed early. Pods of higher
+priority do not see it (kube-scheduler counts nominated pods of equal or higher priority); neither does
+the nominee itself.
 
 Pure: no I/O. A mixin that `hami.cluster.ClusterState` inherits; it expects the state's `_lock`,
 `_nodes`, `_pods`, `quota`, `vendors`, `config` and `pod_requests`.

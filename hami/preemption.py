@@ -34,7 +34,8 @@ from typing import Any
 
 from hami import objects
 from hami.fit import NodeFit
-from hami.model import CardGrant
+from hami.model import CardGrant, Device
+from hami.vendors.base import ResourceNames
 
 #: Fit trials one node's search may spend on exact minimal sets before it settles for kube-scheduler's
 #: own greedy reprieve (a set from which no pod can be given back, not always the smallest).
@@ -320,3 +321,27 @@ def _greedy(base: list[Resident], pool: list[Resident], trial: Trial) -> tuple[l
         if f.ok:
             removed, fit = without, f
     return removed, fit
+
+
+# -- what kube-scheduler must count for its dry run to find victims ---------------------------------------
+
+
+def advertised_totals(cards: Sequence[Device], names: ResourceNames) -> dict[str, int]:
+    """The node-level extended resources that let kube-scheduler's own preemption dry run see a node as
+    full: the cards' memory in the unit pods request it (`names.memory`: MiB / `memory_factor`) and
+    their cores in percent (`names.cores`), summed over the node's cards. {} without cards.
+
+    Why sums: kube-scheduler's NodeResourcesFit adds up each pod's per-container request, which is
+    never more than what the pod holds on its cards (a two-card pod asking 8000 MiB holds 16000), so
+    with these capacities neither kube-scheduler nor the kubelet's admission ever refuses a pod the
+    extender's per-card fit accepts, while a node whose requests add up to its totals is full for
+    kube-scheduler too, so its dry run removes lower-priority pods and calls the preempt verb.
+    """
+    if not cards:
+        return {}
+    out: dict[str, int] = {}
+    if names.memory:
+        out[names.memory] = sum(d.devmem for d in cards) // max(1, names.memory_factor)
+    if names.cores:
+        out[names.cores] = sum(d.devcore for d in cards)
+    return out

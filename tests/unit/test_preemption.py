@@ -28,6 +28,8 @@ from tests.builders import V100, cards, ctr, node, pod
 
 _n = itertools.count()
 T4 = "NVIDIA-Tesla T4"
+#: name -> the Pod object `running` last built under that name
+PODS: dict[str, dict] = {}
 
 
 def running(
@@ -67,6 +69,7 @@ def running(
         "status": {"phase": "Running"},
     }
     cs.upsert_pod(p)
+    PODS[name] = p
     return name
 
 
@@ -118,7 +121,11 @@ def test_among_equal_priorities_the_most_recent_goes():
 def test_two_pods_when_no_single_pod_frees_enough():
     # Free 32768 - 3 x 10000 = 2768; 20000 needed: two 10000 pods free 22768, one only 12768.
     cs = one_card()
-    for name, created in (("x", "2026-01-01T00:00:00Z"), ("y", "2026-02-01T00:00:00Z"), ("z", "2026-03-01T00:00:00Z")):
+    for name, created in (
+        ("x", "2026-01-01T00:00:00Z"),
+        ("y", "2026-02-01T00:00:00Z"),
+        ("z", "2026-03-01T00:00:00Z"),
+    ):
         running(cs, "n", [("GPU-0", 10000, 0)], created=created, name=name)
     # The two most recently created go, listed most important (earliest) first.
     assert victims_of(cs, preemptor(ctr(gpu=1, mem=20000))) == ["y", "z"]
@@ -199,7 +206,9 @@ def test_a_multi_card_victim_frees_all_its_cards_at_once():
 
 def test_type_rule_limits_victims_to_the_cards_the_pod_may_use():
     cs = ClusterState()
-    cs.upsert_node(node("n", [Device("GPU-v", 0, 10, 32768, 100, V100), Device("GPU-t", 1, 10, 16384, 100, T4)]))
+    cs.upsert_node(
+        node("n", [Device("GPU-v", 0, 10, 32768, 100, V100), Device("GPU-t", 1, 10, 16384, 100, T4)])
+    )
     running(cs, "n", [("GPU-t", 16000, 0)], prio=0, name="on-t4")
     running(cs, "n", [("GPU-v", 30000, 0)], prio=500, name="on-v100")
     # The T4's pod is cheaper to evict, but the pod may only use V100 cards.
@@ -234,7 +243,10 @@ def test_numa_bind_frees_two_cards_of_one_numa_node():
 
 
 def quota(ns: str, mem: int) -> dict:
-    return {"metadata": {"name": "q", "namespace": ns}, "spec": {"hard": {"limits.nvidia.com/gpumem": str(mem)}}}
+    return {
+        "metadata": {"name": "q", "namespace": ns},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": str(mem)}},
+    }
 
 
 def test_quota_is_freed_only_by_victims_of_the_same_namespace():
@@ -264,7 +276,10 @@ def pdb(selector, allowed: int, ns: str = "default", disrupted=()) -> Disruption
         {
             "metadata": {"name": "pdb", "namespace": ns},
             "spec": {"selector": selector},
-            "status": {"disruptionsAllowed": allowed, "disruptedPods": {n: "2026-01-01T00:00:00Z" for n in disrupted}},
+            "status": {
+                "disruptionsAllowed": allowed,
+                "disruptedPods": {n: "2026-01-01T00:00:00Z" for n in disrupted},
+            },
         }
     )
 
@@ -365,7 +380,15 @@ def test_cpu_the_node_lacks_is_freed_too():
             "status": {"phase": "Running"},
         }  # fmt: skip
         cs.upsert_pod(p)
-    p = preemptor({"name": "c", "resources": {"requests": {"cpu": "4"}, "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "16000"}}})
+    p = preemptor(
+        {
+            "name": "c",
+            "resources": {
+                "requests": {"cpu": "4"},
+                "limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "16000"},
+            },
+        }
+    )
     assert victims_of(cs, p) == ["four"]
 
 
@@ -391,3 +414,91 @@ def test_the_search_settles_for_kube_schedulers_greedy_set_when_out_of_trials():
 )
 def test_parse_time(value, expected):
     assert parse_time(value) == expected
+
+
+# -- after the plan: deletion, nomination holds ----------------------------------------------------------
+
+
+def nominated(p: dict, where: str) -> dict:
+    return {**p, "status": {"phase": "Pending", "nominatedNodeName": where}}
+
+
+def test_a_terminating_victim_keeps_its_card_until_it_is_gone():
+    # Graceful deletion: the victim's containers still run (and hold the card's memory) until the
+    # pod object is removed; only then does the preemptor fit.
+    cs = one_card()
+    running(cs, "n", [("GPU-0", 30000, 0)], name="victim")
+    victim = PODS["victim"]
+    p = preemptor(ctr(gpu=1, mem=20000))
+    deleting = {**victim, "metadata": {**victim["metadata"], "deletionTimestamp": "2026-01-02T00:00:00Z"}}
+    cs.upsert_pod(deleting)  # the MODIFIED event of the DELETE with a grace period
+    assert [r.terminating for r in cs.residents("n")] == [True]
+    assert cs.filter(p, ["n"]).node is None
+    cs.remove_pod(victim["metadata"]["uid"])  # the DELETED event
+    assert cs.filter(p, ["n"]).node == "n"
+
+
+def test_a_nomination_holds_the_freed_card_against_lower_priority_pods():
+    cs = ClusterState()
+    cs.upsert_node(node("n", cards("n", 1)))
+    victim = running(cs, "n", [("GPU-n-0", 30000, 0)], prio=0, name="victim")
+    vuid = next(r.uid for r in cs.residents("n") if r.name == victim)
+    p = preemptor(ctr(gpu=1, mem=20000), prio=1000)
+    plans = cs.plan_preemption(p, {"n": None}, remember=True)
+    assert [v.name for v in plans["n"].victims] == ["victim"]
+    cs.upsert_pod(nominated(p, "n"))  # kube-scheduler wrote status.nominatedNodeName
+    [hold] = cs.holds()
+    assert (hold.node, hold.priority, hold.victims) == ("n", 1000, frozenset({vuid}))
+    cs.remove_pod(vuid)  # the victim is gone
+    # A lower-priority pod would fit on the freed 32768 MiB, but 20000 are held: 12768 is what it sees.
+    low = pod(ctr(gpu=1, mem=16000))
+    low["spec"]["priority"] = 10
+    assert cs.filter(low, ["n"]).node is None
+    small = pod(ctr(gpu=1, mem=12000))
+    small["spec"]["priority"] = 10
+    out = cs.filter(small, ["n"])
+    assert out.node == "n"
+    cs.remove_pod(small["metadata"]["uid"])
+    # A pod of equal priority is held back too, a higher one is not (kube-scheduler's rule for its
+    # nominated pods: those of equal or higher priority count).
+    peer = pod(ctr(gpu=1, mem=16000))
+    peer["spec"]["priority"] = 1000
+    assert cs.filter(peer, ["n"]).node is None
+    peer["spec"]["priority"] = 1001
+    assert cs.filter(peer, ["n"]).node == "n"
+    cs.remove_pod(peer["metadata"]["uid"])
+    # The nominee itself fits on its freed card; once placed the hold is gone.
+    assert cs.filter(p, ["n"]).node == "n"
+    assert cs.holds() == []
+
+
+def test_a_hold_counts_the_nominee_on_top_of_what_victims_still_hold_never_twice():
+    # While the victim (30000 of 32768) terminates, the nominee's 20000 replaces it: a lower-priority
+    # pod sees max(now 30000, after 20000) = 30000 used, so 2768 MiB free, not 32768 - 50000.
+    cs = ClusterState()
+    cs.upsert_node(node("n", cards("n", 1)))
+    running(cs, "n", [("GPU-n-0", 30000, 0)], prio=0, name="victim")
+    p = preemptor(ctr(gpu=1, mem=20000), prio=1000)
+    cs.plan_preemption(p, {"n": None}, remember=True)
+    cs.upsert_pod(nominated(p, "n"))
+    tiny = pod(ctr(gpu=1, mem=2768))
+    tiny["spec"]["priority"] = 10
+    assert cs.filter(tiny, ["n"]).node == "n"
+    assert cs.usage_snapshot()["n"]["GPU-n-0"][1] == 30000 + 2768  # the hold itself reserves nothing
+
+
+def test_a_cleared_or_moved_nomination_ends_the_hold_and_a_restart_plans_it_again():
+    cs = ClusterState()
+    cs.upsert_node(node("n", cards("n", 1)))
+    cs.upsert_node(node("m", cards("m", 1)))
+    running(cs, "n", [("GPU-n-0", 30000, 0)], name="on-n")
+    running(cs, "m", [("GPU-m-0", 30000, 0)], name="on-m")
+    p = preemptor(ctr(gpu=1, mem=20000))
+    # No plan was asked of this state (another replica answered): the nomination makes one.
+    cs.upsert_pod(nominated(p, "m"))
+    assert [(h.node, len(h.victims)) for h in cs.holds()] == [("m", 1)]
+    cs.upsert_pod({**p, "status": {"phase": "Pending"}})
+    assert cs.holds() == []
+    cs.upsert_pod(nominated(p, "n"))
+    cs.remove_pod(p["metadata"]["uid"])  # the preemptor was deleted
+    assert cs.holds() == []
