@@ -332,6 +332,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             if old is not None and old.node == node and old.grants == grants:
                 old.reserved = False
                 old.terminating = is_terminating(pod)
+                labels = objects.labels(pod)
+                if labels != old.labels:
+                    old.labels = dict(labels)
                 return
             if old is None:
                 self._learn(pod, uid)

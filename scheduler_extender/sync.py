@@ -312,7 +312,8 @@ class ClusterSync:
     def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
         """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
         scheduler name, node name, phase, the container lists and init container states, the nominated
-        node (a preemptor's hold) and the start of graceful deletion (a victim still on its cards)."""
+        node (a preemptor's hold), the start of graceful deletion (a victim still on its cards) and the
+        labels (PodDisruptionBudgets select by them)."""
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
@@ -331,6 +332,7 @@ class ClusterSync:
             status.get("initContainerStatuses"),
             status.get("nominatedNodeName"),
             meta.get("deletionTimestamp"),
+            meta.get("labels"),  # PodDisruptionBudget selectors
         )
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:

@@ -268,3 +268,58 @@ async def test_preempt_verb_errors_are_non_200(fake_apiserver: FakeApiServer, ex
     ok = '{"Pod": {"metadata": {"uid": "u", "name": "p"}, "spec": {"containers": [{"name": "c"}]}}, "NodeNameToMetaVictims": {"n1": {"Pods": [], "NumPDBViolations": 0}}}'
     status, text = await post(ok)
     assert status == 200 and text.strip() == '{"NodeNameToMetaVictims":{}}'
+
+
+async def test_a_pod_disruption_budget_moves_the_choice(
+    fake_apiserver: FakeApiServer, extender, session
+) -> None:
+    # A budget with no disruption left covers a: the extender evicts b and c instead (two pods, no
+    # violation) rather than a (one pod, one violation).
+    api = fake_apiserver
+    for n in ("n1", "n2"):
+        await eventually(
+            lambda n=n: (
+                api.store.get("nodes", n)["status"]["allocatable"].get("nvidia.com/gpucores") == "100"
+            ),
+            what="advertised",
+        )
+    sched = KubeSchedulerStandIn(
+        api, session, extender.url, ignored=IGNORED_WITH_TOTALS, after_bind=await allocated(api)
+    )
+    await start_cluster(api, sched, extender)
+    api.store.patch("pods", "a", {"metadata": {"labels": {"app": "db"}}}, namespace="default")
+    pdb = {
+        "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "db"}}},
+    }
+    api.store.create("poddisruptionbudgets", pdb)
+    api.store.patch(
+        "poddisruptionbudgets",
+        "db",
+        {"status": {"disruptionsAllowed": 0}},
+        namespace="default",
+        subresource="status",
+    )
+    await eventually(
+        lambda: any(r.labels.get("app") == "db" for r in extender.state.residents("n1")), what="a's labels"
+    )
+    create_pod(api, pod_of("h", mem=16000, cores=20, prio=1000, created="2026-02-01T00:00:00Z"))
+    cycle = await sched.schedule("default", "h")
+    assert (cycle.result, cycle.node, cycle.victims) == ("nominated", "n1", ["b", "c"])
+    assert cycle.preempt_reply["NodeNameToMetaVictims"]["n1"]["NumPDBViolations"] == 0
+
+
+async def test_totals_are_advertised_again_after_the_kubelet_zeroed_them(
+    fake_apiserver: FakeApiServer, extender
+):
+    # A re-created node's kubelet resets extended resources to 0 until someone advertises them.
+    api = fake_apiserver
+    path = lambda: api.store.get("nodes", "n1")["status"]  # noqa: E731
+    await eventually(lambda: path()["capacity"].get("nvidia.com/gpumem") == "32768", what="advertised")
+    zero = {"nvidia.com/gpumem": "0", "nvidia.com/gpucores": "0"}
+    api.store.patch("nodes", "n1", {"status": {"capacity": zero, "allocatable": zero}}, subresource="status")
+    await eventually(
+        lambda: path()["allocatable"].get("nvidia.com/gpumem") == "32768", what="advertised again"
+    )
+    assert path()["allocatable"]["nvidia.com/gpucores"] == "100"
+    assert path()["allocatable"]["cpu"] == "64"  # the kubelet's own resources untouched
