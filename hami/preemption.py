@@ -345,3 +345,25 @@ def advertised_totals(cards: Sequence[Device], names: ResourceNames) -> dict[str
     if names.cores:
         out[names.cores] = sum(d.devcore for d in cards)
     return out
+
+
+def pick_node(plans: Mapping[str, NodePlan]) -> NodePlan | None:
+    """The node kube-scheduler evicts on among the extender's plans (`pickOneNodeForPreemption`): the
+    fewest PDB violations, then the lowest highest victim priority, the lowest sum of priorities, the
+    fewest victims, the latest earliest-creation among the highest-priority victims, then the first
+    name. None without plans."""
+
+    def key(p: NodePlan) -> tuple:
+        top = max(v.priority for v in p.victims)
+        earliest = min(v.created for v in p.victims if v.priority == top)
+        return (
+            p.pdb_violations,
+            top,
+            sum(v.priority + 2**31 for v in p.victims),
+            len(p.victims),
+            -earliest,
+            p.node,
+        )
+
+    usable = [p for p in plans.values() if p.victims]
+    return min(usable, key=key) if usable else None
