@@ -105,6 +105,8 @@ class ClusterPreemption:
             plan = plans.get(node)
             if plan is not None:
                 hold = self._remember(pod, plan)
+            else:
+                hold = self._hold_as_is(pod, node)  # the victims are gone already: hold its room now
         if hold is None:
             holds.pop(uid, None)
         else:
@@ -219,8 +221,10 @@ class ClusterPreemption:
         prio = pod_priority(pod)
         cpu = fragmentation.pod_cpu_milli(pod)
         out: dict[str, NodePlan] = {}
-        with self._lock:
-            for name, proposed in candidates.items():
+        # One node at a time under the lock: a plan needs one node's state to hold still, and filters
+        # must not wait for a preemption that looks at a hundred candidates.
+        for name, proposed in candidates.items():
+            with self._lock:
                 n = self._nodes.get(name)
                 if n is None or n.unusable is not None:
                     continue
@@ -238,11 +242,38 @@ class ClusterPreemption:
                     budgets=budgets,
                     relevant=self._relevance(n, cpu, containers, selections),
                 )
-                if plan is not None:
-                    out[name] = plan
-            if remember and out:
+            if plan is not None:
+                out[name] = plan
+        if remember and out:
+            with self._lock:
                 self._remember_all(pod, out)
         return out
+
+    def _hold_as_is(self, pod: Mapping[str, Any], node: str) -> Hold | None:
+        """The hold of a nominee that fits `node` as it is (no victim left), or None."""
+        n = self._nodes.get(node)
+        if n is None:
+            return None
+        try:
+            containers, selections, policy = self._pod_inputs(pod)
+        except InvalidRequest:
+            return None
+        uid, prio = objects.uid(pod), pod_priority(pod)
+        trial = self._trial(
+            n,
+            uid,
+            objects.namespace(pod),
+            prio,
+            fragmentation.pod_cpu_milli(pod),
+            containers,
+            selections,
+            policy,
+        )
+        fit = trial([])
+        if not fit.ok:
+            return None
+        grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
+        return Hold(uid, node, prio, grants, frozenset())
 
     def _remember_all(self, pod: Mapping[str, Any], plans: Mapping[str, NodePlan]) -> None:
         uid = objects.uid(pod)

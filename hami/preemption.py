@@ -39,7 +39,7 @@ from hami.vendors.base import ResourceNames
 
 #: Fit trials one node's search may spend on exact minimal sets before it settles for kube-scheduler's
 #: own greedy reprieve (a set from which no pod can be given back, not always the smallest).
-DEFAULT_MAX_TRIALS = 2048
+DEFAULT_MAX_TRIALS = 512
 
 
 def pod_priority(pod: Mapping[str, Any]) -> int:

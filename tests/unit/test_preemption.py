@@ -502,3 +502,17 @@ def test_a_cleared_or_moved_nomination_ends_the_hold_and_a_restart_plans_it_agai
     cs.upsert_pod(nominated(p, "n"))
     cs.remove_pod(p["metadata"]["uid"])  # the preemptor was deleted
     assert cs.holds() == []
+
+
+def test_a_nomination_whose_victims_are_already_gone_holds_the_room_as_it_is():
+    # A restarted extender sees the nomination after the victims left: the pod fits the node as it is,
+    # and that room is held for it.
+    cs = ClusterState()
+    cs.upsert_node(node("n", cards("n", 1)))
+    p = preemptor(ctr(gpu=1, mem=20000), prio=1000)
+    cs.upsert_pod(nominated(p, "n"))
+    [hold] = cs.holds()
+    assert (hold.node, hold.victims, [g.usedmem for g in hold.grants]) == ("n", frozenset(), [20000])
+    low = pod(ctr(gpu=1, mem=16000))
+    low["spec"]["priority"] = 0
+    assert cs.filter(low, ["n"]).node is None
