@@ -33,7 +33,7 @@ from hami.fit import fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.node_order import _gc_paused, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
-from hami.preemption import is_terminating, pod_created, pod_priority
+from hami.preemption import is_terminating, pod_priority
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies
@@ -84,10 +84,11 @@ class _Pod:
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
     cpu: int = 0  # the pod's CPU request, millicores (kube-scheduler's count)
-    # What preemption reads (hami.preemption.Resident): spec.priority, creation time (Unix s), labels
-    # (PodDisruptionBudget selectors), graceful deletion begun.
+    # What preemption reads (hami.preemption.Resident): spec.priority, creationTimestamp (as written:
+    # parsed only when a preemption looks at the pod), labels (PodDisruptionBudget selectors), graceful
+    # deletion begun.
     priority: int = 0
-    created: float = 0.0
+    created: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     terminating: bool = False
 
@@ -95,10 +96,12 @@ class _Pod:
     def of(
         cls, pod: Mapping[str, Any], node: str, grants: tuple[CardGrant, ...], reserved: bool, cpu: int
     ) -> _Pod:
-        labels = objects.labels(pod)
+        meta = objects.meta(pod)
+        labels = meta.get("labels")
         return cls(
             objects.uid(pod), objects.namespace(pod), objects.name(pod), node, grants, reserved, time.time(),
-            cpu, pod_priority(pod), pod_created(pod), dict(labels) if labels else {}, is_terminating(pod),
+            cpu, pod_priority(pod), meta.get("creationTimestamp"), dict(labels) if labels else {},
+            bool(meta.get("deletionTimestamp")),
         )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from hami.preemption import (
     NodePlan,
     Resident,
     choose_victims,
+    parse_time,
     pod_priority,
 )
 from hami.scoring import PolicyChoice, choose_policies
@@ -185,7 +186,7 @@ class ClusterPreemption:
                             p.namespace,
                             p.name,
                             p.priority,
-                            p.created,
+                            parse_time(p.created),
                             p.grants,
                             p.cpu,
                             p.labels,
