@@ -33,7 +33,7 @@ from hami.fit import fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.node_order import _gc_paused, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
-from hami.preemption import is_terminating, pod_priority
+from hami.preemption import is_terminating, pod_priority, pod_start
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies
@@ -84,9 +84,9 @@ class _Pod:
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
     cpu: int = 0  # the pod's CPU request, millicores (kube-scheduler's count)
-    # What preemption reads (hami.preemption.Resident): spec.priority, creationTimestamp (as written:
-    # parsed only when a preemption looks at the pod), labels (PodDisruptionBudget selectors), graceful
-    # deletion begun.
+    # What preemption reads (hami.preemption.Resident): spec.priority, the start time (status.startTime,
+    # else creationTimestamp, as kube-scheduler's GetPodStartTime; kept as written and parsed only when a
+    # preemption looks at the pod), labels (PodDisruptionBudget selectors), graceful deletion begun.
     priority: int = 0
     created: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -100,7 +100,7 @@ class _Pod:
         labels = meta.get("labels")
         return cls(
             objects.uid(pod), objects.namespace(pod), objects.name(pod), node, grants, reserved, time.time(),
-            cpu, pod_priority(pod), meta.get("creationTimestamp"), dict(labels) if labels else {},
+            cpu, pod_priority(pod), pod_start(pod), dict(labels) if labels else {},
             bool(meta.get("deletionTimestamp")),
         )  # fmt: skip
 
@@ -335,6 +335,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             if old is not None and old.node == node and old.grants == grants:
                 old.reserved = False
                 old.terminating = is_terminating(pod)
+                old.created = pod_start(pod)
                 labels = objects.labels(pod)
                 if labels != old.labels:
                     old.labels = dict(labels)

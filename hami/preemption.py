@@ -50,8 +50,15 @@ def pod_priority(pod: Mapping[str, Any]) -> int:
 
 
 def pod_created(pod: Mapping[str, Any]) -> float:
-    """`metadata.creationTimestamp` in Unix seconds; 0.0 when absent or not RFC 3339."""
-    return parse_time(objects.meta(pod).get("creationTimestamp"))
+    """The pod's start time in Unix seconds (`pod_start`); 0.0 when absent or not RFC 3339."""
+    return parse_time(pod_start(pod))
+
+
+def pod_start(pod: Mapping[str, Any]) -> str | None:
+    """`status.startTime` (set by the kubelet), else `metadata.creationTimestamp`, as written: the time
+    kube-scheduler's `GetPodStartTime` orders victims by."""
+    start = objects.status(pod).get("startTime")
+    return start if isinstance(start, str) and start else objects.meta(pod).get("creationTimestamp")
 
 
 def parse_time(value: Any) -> float:
@@ -74,7 +81,7 @@ def is_terminating(pod: Mapping[str, Any]) -> bool:
 class Resident:
     """A pod counted on the node, as the victim choice sees it.
 
-    `priority` is `spec.priority`; `created` Unix seconds (0 unknown); `grants` what it holds per card
+    `priority` is `spec.priority`; `created` its start time in Unix seconds (`pod_start`; 0 unknown); `grants` what it holds per card
     (`hami.pods.collapse_grants`); `cpu` its CPU request in millicores; `terminating` True once its
     deletion has begun.
     """

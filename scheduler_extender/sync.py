@@ -331,6 +331,7 @@ class ClusterSync:
             status.get("phase"),
             status.get("initContainerStatuses"),
             status.get("nominatedNodeName"),
+            status.get("startTime"),  # preemption keeps the longest-running pods
             meta.get("deletionTimestamp"),
             meta.get("labels"),  # PodDisruptionBudget selectors
         )

@@ -97,7 +97,16 @@ async def start_cluster(api: FakeApiServer, sched: KubeSchedulerStandIn, server)
     create_pod(api, pod_of("d", mem=30000, cores=50, prio=10, created="2026-01-04T00:00:00Z"))
     # d goes to n2 (n1 has 768 MiB left).
     assert (await sched.schedule("default", "d")).node == "n2"
+    # The kubelet started them one day apart (the API server stamped their creation just now).
+    for name, started in (("a", "2026-01-01"), ("b", "2026-01-02"), ("c", "2026-01-03"), ("d", "2026-01-04")):
+        api.store.patch(
+            "pods", name, {"status": {"phase": "Running", "startTime": f"{started}T00:00:00Z"}},
+            namespace="default", subresource="status",
+        )  # fmt: skip
     await eventually(lambda: len(server.state.pod_grants()) == 4, what="four pods counted")
+    await eventually(
+        lambda: sorted(r.created for r in server.state.residents("n1"))[-1] > 0, what="start times seen"
+    )
 
 
 def placement(api: FakeApiServer, name: str) -> tuple[str | None, str | None]:
