@@ -371,7 +371,8 @@ def _preemption(snapshot: Snapshot, pod: Mapping[str, Any], names: Sequence[str]
     for node in sorted(plans, key=lambda n: (best is None or n != best.node, n)):
         plan = plans[node]
         refs = [f"{v.namespace}/{v.name}" for v in plan.victims]
-        ex.preemption.append(PreemptionOption(node, refs, plan.pdb_violations, best is not None and node == best.node))
+        chosen = best is not None and node == best.node
+        ex.preemption.append(PreemptionOption(node, refs, plan.pdb_violations, chosen))
     if not plans and any(r.priority < ex.priority for n in names for r in snapshot.state.residents(n)):
         ex.preemption_note = "evicting the pods of lower priority frees no card the pod fits on, on any node"
 
