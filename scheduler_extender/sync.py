@@ -31,6 +31,7 @@ from hami.cluster import ClusterState
 from hami.errors import HamiError
 from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 from hami.kube import KubeClient, Reflector
+from scheduler_extender.advertise import NodeAdvertiser
 from scheduler_extender.lockwait import LockQueues, lock_freed, owner_done_node, placed_node
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class ClusterSync:
         inflight: Inflight | None = None,
         lock_queues: LockQueues | None = None,
         on_invalid_registration: Callable[[dict[str, Any], str | None], None] | None = None,
+        advertise_node_resources: bool = False,
     ) -> None:
         self.client = client
         # Told (node, reason) when a node's registration turns unreadable, (node, None) when it is
@@ -161,6 +163,8 @@ class ClusterSync:
             on_update=self._pod_updated, on_delete=self._pod_deleted,
             watch_timeout_s=watch_timeout_s, name="extender-pods",
         )  # fmt: skip
+        # --advertise-node-resources: the nodes' device totals as capacity (scheduler_extender.advertise).
+        self.advertiser = NodeAdvertiser(client, state, self.nodes.get) if advertise_node_resources else None
         self.quotas = Reflector(
             client, "resourcequotas", on_sync=self._quotas_synced, on_add=self._quota_event,
             on_update=lambda _old, new: self._quota_event(new), on_delete=self._quota_deleted,
@@ -171,6 +175,8 @@ class ClusterSync:
 
     def start(self) -> ClusterSync:
         """Start the reflectors and the registration loop (non-blocking)."""
+        if self.advertiser is not None:
+            self.advertiser.start()
         for r in (self.quotas, self.nodes, self.pods):
             r.start()
         self._loop_thread = threading.Thread(target=self._loop, name="extender-register", daemon=True)
@@ -184,6 +190,8 @@ class ClusterSync:
         self._stop.set()
         for r in (self.nodes, self.pods, self.quotas):
             r.stop()
+        if self.advertiser is not None:
+            self.advertiser.stop()
         if self._loop_thread is not None:
             self._loop_thread.join(5.0)
 
@@ -264,6 +272,8 @@ class ClusterSync:
                 self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
                 for node in nodes:
                     self._apply_node(node)
+                    if self.advertiser is not None:
+                        self.advertiser.notify((node.get("metadata") or {}).get("name", ""))
             except Exception as e:  # noqa: BLE001 - not ready rather than serving from half a state
                 self.rebuild_error = (
                     f"the state could not be rebuilt from the {kind} list: {type(e).__name__}: {e}"
@@ -291,8 +301,11 @@ class ClusterSync:
 
     def _node_event(self, node: dict[str, Any]) -> None:
         with self._lock:
-            if not self._closed:
-                self._apply_node(node)
+            if self._closed:
+                return
+            self._apply_node(node)
+        if self.advertiser is not None:
+            self.advertiser.notify((node.get("metadata") or {}).get("name", ""))
 
     def _node_updated(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         queues = self.lock_queues
@@ -339,7 +352,9 @@ class ClusterSync:
 
     def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
         """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
-        scheduler name, node name, phase, the container lists and init container states."""
+        scheduler name, node name, phase, the container lists and init container states, the nominated
+        node (a preemptor's hold), the start of graceful deletion (a victim still on its cards) and the
+        labels (PodDisruptionBudgets select by them)."""
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
@@ -356,6 +371,10 @@ class ClusterSync:
             spec.get("initContainers"),
             status.get("phase"),
             status.get("initContainerStatuses"),
+            status.get("nominatedNodeName"),
+            status.get("startTime"),  # preemption keeps the longest-running pods
+            meta.get("deletionTimestamp"),
+            meta.get("labels"),  # PodDisruptionBudget selectors
         )
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ resources the project uses:
   and ``validatingadmissionpolicybindings``, which the server enforces (`kubefakes.apiserver.admission`:
   bearer tokens name the user, the mutating webhooks are called on CREATE and UPDATE, the policies'
   CEL is evaluated).
+* policy/v1: ``poddisruptionbudgets`` (stored as given: no disruption controller fills the status).
 
 Faithful points (each is what kube-apiserver does): one global, increasing resourceVersion; list
 answers carry ``metadata.resourceVersion`` and items without ``kind``/``apiVersion``; PUT or a patch
