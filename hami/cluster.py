@@ -128,10 +128,14 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         *,
         scheduler_name: str | None = None,
         request_memo: int = 0,
+        spec_floor: bool = False,
     ) -> None:
         """`request_memo`: how many distinct container lists' parsed device requests to keep (0: none),
         for callers that submit many pods alike (the simulator); a pod's requests depend only on its
-        containers, so a kept parse is the parse."""
+        containers, so a kept parse is the parse. `spec_floor`: count a pod this state did not place at
+        least at what its spec asks on each card (`hami.spec_limits.at_least_the_spec`); the extender
+        turns it on, where pod owners may have rewritten their annotations; read-only tools and the
+        simulator show the annotations as written."""
         self.config = config or DeviceConfig()
         self.vendors: dict[str, Vendor] = dict(vendors or build_vendors(self.config))
         self.scheduler_name = (
@@ -163,6 +167,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         # annotations, which its owner can rewrite (`upsert_pod`). Kept until the pod ends, is deleted,
         # its reservation is released or expires, or the state is rebuilt for a new leadership term.
         self._decided: dict[str, _Decision] = {}
+        self.spec_floor = spec_floor
         #: Pod events whose allocation annotations differed from the decision (the decision counted).
         self.allocation_mismatches = 0
         self._holds = {}  # nominated preemptors' cards (hami.cluster_preemption)
@@ -319,9 +324,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         What is counted is never less than what was decided: a pod this process placed counts the
         node and cards of that decision, whatever its annotations say now (they are the pod owner's to
         edit where nothing stops it; a difference is logged and counted in `allocation_mismatches`).
-        A pod placed before this process started counts its annotations, but each card of a vendor
-        with the generic fit at least at what the pod's spec asks there (the spec's device requests
-        cannot change after creation and are what the scheduler fitted). Malformed allocation
+        A pod placed before this process started counts its annotations, with `spec_floor` each card
+        of a vendor with the generic fit at least at what the pod's spec asks there (the spec's device
+        requests cannot change after creation and are what the scheduler fitted). Malformed allocation
         annotations are logged and the pod is not counted (never raises).
         """
         uid = objects.uid(pod)
@@ -371,7 +376,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                     )  # fmt: skip
                 node = decided.node
                 devices = {v: [list(c) for c in lst] for v, lst in decided.devices.items()}
-            else:
+            elif self.spec_floor:
                 devices = self._at_least_the_spec(pod, node, devices)
             if pods.init_done(pod):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.

@@ -53,7 +53,8 @@ class Server:
         self.options = options
         name = options.scheduler_name
         self.scheduler_name = name
-        self.state = ClusterState(options.device_config, scheduler_name=name)
+        # spec_floor: a pod placed before this process started counts at least what its spec asks.
+        self.state = ClusterState(options.device_config, scheduler_name=name, spec_floor=True)
         self.client = KubeClient.from_kubeconfig(
             options.kubeconfig,
             pool_size=options.workers,
