@@ -44,6 +44,9 @@ class ResponseBuilder:
     """Env and mounts of `device_plugin.allocator.Allocator`'s responses (a mixin)."""
 
     settings: AllocatorSettings  # set by Allocator.__init__
+    #: The `mig` / `mps` mode's responder (`device_plugin.mig.allocate`, `device_plugin.mps.allocate`),
+    #: None in `hami-core` mode; it may build on the hami-core response (`_respond_hami_core`).
+    mode_responder: Any = None
 
     async def _respond(
         self,
@@ -52,9 +55,24 @@ class ResponseBuilder:
         entry: list[ContainerDevice],
         refuse: Callable[[str, str], Any],
     ) -> pb.ContainerAllocateResponse:
+        """The response for `entry`'s cards, by the node's operating mode."""
+        if self.mode_responder is not None:
+            return await self.mode_responder.respond(pending, ctr, entry, refuse, self._respond_hami_core)
+        return await self._respond_hami_core(pending, ctr, entry, refuse)
+
+    async def _respond_hami_core(
+        self,
+        pending: PendingPod,
+        ctr: dict,
+        entry: list[ContainerDevice],
+        refuse: Callable[[str, str], Any],
+        *,
+        sm_limit: bool = True,
+    ) -> pb.ContainerAllocateResponse:
         """The response for `entry`'s cards: env (limits, shared cache) and mounts (libvgpu, dirs).
 
         `refuse(reason, message)` is awaited to build the error raised when the host is not ready.
+        Without `sm_limit` libvgpu limits memory only (MPS shares the SMs).
         """
         s = self.settings
         name = ctr.get("name", "?")
@@ -76,7 +94,7 @@ class ResponseBuilder:
         envs = {ENV_VISIBLE: ",".join(recorded)}
         for i, dev in enumerate(entry):
             envs[ENV_MEMORY_LIMIT.format(i=i)] = f"{dev.usedmem}m"
-        envs[ENV_SM_LIMIT] = str(entry[0].usedcores)
+        envs[ENV_SM_LIMIT] = str(entry[0].usedcores) if sm_limit else "0"
         envs[ENV_SHARED_CACHE] = f"{s.vgpu_dir}/{uuidlib.uuid4()}.cache"
         if s.memory_scaling > 1:
             envs[ENV_OVERSUBSCRIBE] = "true"
