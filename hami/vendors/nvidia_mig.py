@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.errors import ConfigError
-from hami.model import MigPlacement, MigProfile
+from hami.model import MigPlacement, MigProfile, MigSlot
 
 #: Pod annotation (ours, beyond HAMi): every MIG device of the pod gets exactly this profile.
 MIG_PROFILE = "nvidia.com/mig-profile"
@@ -189,6 +189,12 @@ def choose(
     return None
 
 
+def mig_text(slot: MigSlot) -> str:
+    """``MIG 2g.10gb at slices 0-1``: a MIG instance as reports write it."""
+    p = slot.placement
+    return f"MIG {slot.profile} at slices {p.start}-{p.start + p.size - 1}"
+
+
 def place_all(
     profiles: Sequence[MigProfile],
     occupied: Iterable[MigPlacement],
@@ -215,6 +221,7 @@ __all__ = [
     "allowed_profiles",
     "choose",
     "free_placement",
+    "mig_text",
     "ordered_placements",
     "parse_allowlist",
     "parse_known_geometries",

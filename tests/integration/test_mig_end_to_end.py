@@ -46,7 +46,11 @@ async def cluster(fake_apiserver: FakeApiServer, tmp_path):
     config = load_config(CONFIG)
     nvidia = config.nvidia_for_node(NODE)
     backend = NvidiaBackend(
-        nvml=nv, env={}, sysfs=tmp_path, operating_mode=nvidia.operatingMode, mig_allowlist=nvidia.migProfileAllowlist
+        nvml=nv,
+        env={},
+        sysfs=tmp_path,
+        operating_mode=nvidia.operatingMode,
+        mig_allowlist=nvidia.migProfileAllowlist,
     )
     kubelet = FakeKubelet(tmp_path / "device-plugins")
     await kubelet.start()
@@ -60,10 +64,14 @@ async def cluster(fake_apiserver: FakeApiServer, tmp_path):
     plugin = DevicePluginApp(options, backend, kube)
     await plugin.start()
     await kubelet.wait_registered(RESOURCE)
-    await eventually(lambda: A.NVIDIA_REGISTER in (api.store.get("nodes", NODE)["metadata"].get("annotations") or {}))
+    await eventually(
+        lambda: A.NVIDIA_REGISTER in (api.store.get("nodes", NODE)["metadata"].get("annotations") or {})
+    )
     extender = await start_extender(api)
     await wait_ready(extender)
-    await eventually(lambda: extender.state.usage_snapshot().get(NODE) is not None, what="node in the extender")
+    await eventually(
+        lambda: extender.state.usage_snapshot().get(NODE) is not None, what="node in the extender"
+    )
     try:
         yield api, nv, plugin, kubelet, extender
     finally:
@@ -135,7 +143,9 @@ async def test_mig_pod_goes_from_filter_to_a_mig_device_in_its_container(cluster
 
     # the pod is gone: after a confirmed list its instance is destroyed, the other one stays
     api.store.delete("pods", "mig-a", namespace="default")
-    await eventually(lambda: [(i[0], i[1]) for i in nv.instances(0)] == [("2g.10gb", 2)], what="instance removed")
+    await eventually(
+        lambda: [(i[0], i[1]) for i in nv.instances(0)] == [("2g.10gb", 2)], what="instance removed"
+    )
     # a busy instance of a finished pod is kept until its process is gone
     nv.run_process(env_of(resp_b)["NVIDIA_VISIBLE_DEVICES"], 777)
     api.store.set_pod_phase("default", "mig-b", "Succeeded")
@@ -152,12 +162,18 @@ async def test_foreign_instances_take_the_card_out_of_service_until_removed(clus
     theirs = nv.admin_create(0, "1g.5gb", 6)
 
     def health() -> bool:
-        return json.loads(api.store.get("nodes", NODE)["metadata"]["annotations"][A.NVIDIA_REGISTER])[0].get("health", False)
+        return json.loads(api.store.get("nodes", NODE)["metadata"]["annotations"][A.NVIDIA_REGISTER])[0].get(
+            "health", False
+        )
 
     await eventually(lambda: not health(), what="card registered unhealthy")
-    events = [e for e in api.store.list("events", namespace="default") if e["reason"] == "MigForeignInstances"]
+    events = [
+        e for e in api.store.list("events", namespace="default") if e["reason"] == "MigForeignInstances"
+    ]
     assert events and theirs in events[0]["message"] and events[0]["involvedObject"]["kind"] == "Node"
-    await eventually(lambda: extender.state.filter(mig_pod("probe"), [NODE]).node is None, what="extender saw it")
+    await eventually(
+        lambda: extender.state.filter(mig_pod("probe"), [NODE]).node is None, what="extender saw it"
+    )
     pod = create_pod(api, mig_pod("blocked"))
     result = await sched.filter(pod, [NODE])
     assert result["NodeNames"] == [] and "CardNotHealth" in result["FailedNodes"][NODE]
@@ -200,7 +216,9 @@ async def test_restart_adopts_live_instances_and_a_reboot_recreates_them(cluster
     await booted.start()
     try:
         await kubelet2.wait_registered(RESOURCE)
-        resp = (await kubelet2.admit_pod(api.store.get("pods", "mig-r", namespace="default"), RESOURCE))["main"]
+        resp = (await kubelet2.admit_pod(api.store.get("pods", "mig-r", namespace="default"), RESOURCE))[
+            "main"
+        ]
         ((profile2, start2, gi2, ci2, mig2),) = nv.instances(0)
         assert (profile2, start2) == ("1g.5gb", 6) and mig2 != mig
         assert env_of(resp) == {"NVIDIA_VISIBLE_DEVICES": mig2}
@@ -220,3 +238,44 @@ async def test_a_reservation_that_cannot_be_made_fails_the_pod_and_leaves_nothin
         await kubelet.admit_pod(pod, RESOURCE)
     assert nv.instances(0) == []
     assert annos(api, "mig-f")[A.BIND_PHASE] == "failed"
+
+
+def test_hami_simulate_replays_mig_cards(tmp_path):
+    """The simulator runs the same core: one card of seven 1g placements takes seven 1g pods, not eight,
+    and writes the reservations HAMi writes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    profile = {"name": "1g.5gb", "memoryMB": 4864, "core": 15, "sliceCount": 1,
+               "placements": [{"start": i, "size": 1} for i in range(7)]}  # fmt: skip
+    reg = json.dumps([{"id": "GPU-m", "count": 7, "devmem": 40960, "devcore": 100, "type": "NVIDIA A100-SXM4-40GB",
+                       "mode": "mig", "migProfiles": [profile], "health": True}])  # fmt: skip
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(
+        "kind: Node\nmetadata:\n  name: m1\n  annotations:\n    hami.io/node-nvidia-register: "
+        f"'{reg}'\nstatus: {{allocatable: {{cpu: '64', memory: 256Gi}}}}\n"
+    )
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(
+        "".join(
+            f"---\nkind: Pod\nmetadata: {{name: p{i}, creationTimestamp: '2024-01-01T00:00:0{i}Z', "
+            "annotations: {nvidia.com/vgpu-mode: mig}}\n"
+            "spec: {containers: [{name: c, resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4000}}}]}\n"
+            for i in range(8)
+        )
+    )
+    annos = tmp_path / "a.jsonl"
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run(
+        [sys.executable, "-m", "hami.cli", "simulate", "--no-progress", "--nodes", str(nodes), "--pods", str(pods),
+         "--mode", "trace", "--json", "--annotations", str(annos)],
+        capture_output=True, text=True, timeout=120, cwd=root,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["scheduled"] == 7
+    starts = [
+        json.loads(json.loads(line)["annotations"][A.MIG_ALLOCATIONS])[0]["placement"]["start"]
+        for line in annos.read_text().splitlines()
+    ]
+    assert starts == [6, 5, 4, 3, 2, 1, 0]

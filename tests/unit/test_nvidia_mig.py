@@ -453,3 +453,40 @@ def test_prefilter_lets_one_mig_card_serve_two_devices():
     assert [a.placement for a in A.decode_mig_allocations(out.annotations[A.MIG_ALLOCATIONS])] == [
         P(6, 1), P(5, 1), P(4, 1)
     ]  # fmt: skip
+
+
+# -- hami inspect / explain on a MIG card -------------------------------------------------------
+
+
+def test_inspect_and_explain_show_mig_instances_and_the_profiles_still_free():
+    from hami.tools.explain import explain_pod
+    from hami.tools.inspect import inspect_cluster
+    from hami.tools.snapshot import Listed, Snapshot
+    from kubefakes.demo_cluster import DEMO_NOW
+    from kubefakes.demo_cluster import node as demo_node
+    from kubefakes.demo_cluster import pod as demo_pod
+
+    card = mig_card("GPU-m", a100_40gb())
+    n = demo_node("mig-1", [card], now=DEMO_NOW)
+    mig = A.encode_mig_allocations(
+        [A.MigAllocation(0, 0, "GPU-m", "1g.5gb", P(6, 1), "MIG-x", 2, 0),
+         A.MigAllocation(0, 1, "GPU-m", "1g.5gb", P(2, 1), "MIG-y", 3, 0)]
+    )  # fmt: skip
+    held = demo_pod("default", "held", [("main", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000"})],
+                    node="mig-1", cards=[[("GPU-m", 4864, 15), ("GPU-m", 4864, 15)]],
+                    annotations={A.MIG_ALLOCATIONS: mig})  # fmt: skip
+    big = demo_pod("default", "big", [("main", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "15000"})])
+    snap = Snapshot.build(Listed([n], [held, big], []), now=DEMO_NOW)
+    (nr,) = inspect_cluster(snap).nodes
+    (c,) = nr.cards
+    assert c.mode == "mig" and c.mig_free == ["1g.5gb", "2g.10gb"]  # every 3g and the 7g placement overlap
+    assert [x.mig for x in c.containers] == ["MIG 1g.5gb at slices 6-6", "MIG 1g.5gb at slices 2-2"]
+    assert explain_pod(snap, "default", "held").cards == {
+        "main": [
+            "GPU-m 4864 MiB 15 % (MIG 1g.5gb at slices 6-6)",
+            "GPU-m 4864 MiB 15 % (MIG 1g.5gb at slices 2-2)",
+        ]
+    }
+    ex = explain_pod(snap, "default", "big")
+    (g,) = [g for g in ex.groups if "mig-1" in g.nodes]
+    assert g.reason == "1/1 CardMigTopologyInfeasible" and "without a free placement" in g.words
