@@ -240,7 +240,7 @@ class NvidiaVendor(VendorBase):
         return self._names
 
     def user_annotation_keys(self) -> tuple[str, ...]:
-        return (USE_GPUTYPE, NOUSE_GPUTYPE, USE_GPUUUID, NOUSE_GPUUUID, NUMA_BIND, VGPU_MODE)
+        return (USE_GPUTYPE, NOUSE_GPUTYPE, USE_GPUUUID, NOUSE_GPUUUID, NUMA_BIND, VGPU_MODE, MIG_PROFILE)
 
     def allocation_keys(self) -> tuple[str, ...]:
         return (A.NVIDIA_TO_ALLOCATE, A.NVIDIA_ALLOCATED, A.MIG_ALLOCATIONS)
