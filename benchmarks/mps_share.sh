@@ -60,10 +60,12 @@ meminfo() {
 }
 
 group none alone-unlimited -
-group none pair-unlimited - -
-group slice slice-2x50 50 50
-group slice slice-30-30-40 30 30 40
-meminfo slice-8000m LD_PRELOAD=$lib CUDA_DEVICE_MEMORY_LIMIT=8000m CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/m1.cache
+if [ -z "${MPS_ONLY:-}" ]; then  # MPS_ONLY=1: the reference tenant and the MPS groups alone
+  group none pair-unlimited - -
+  group slice slice-2x50 50 50
+  group slice slice-30-30-40 30 30 40
+  meminfo slice-8000m LD_PRELOAD=$lib CUDA_DEVICE_MEMORY_LIMIT=8000m CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/m1.cache
+fi
 
 if [ -z "$ctl" ]; then
   say '{"bench":"mps","error":"nvidia-cuda-mps-control is not on the PATH"}'

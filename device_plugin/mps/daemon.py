@@ -91,10 +91,11 @@ class MpsDaemon:
             d.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(PermissionError):
                 os.chmod(d, 0o777)  # noqa: S103 - container users connect to the pipe and write client logs
-        self.proc = await asyncio.create_subprocess_exec(
-            self.control, "-f", env=self.env(), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
+        # In the foreground the daemon may write its messages to the terminal: keep them beside its log.
+        with open(self.log_dir / "daemon.out", "ab") as out:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.control, "-f", env=self.env(), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+            )  # fmt: skip
         log.info(
             "card %s: MPS control daemon started (pid %d, pipe %s)",
             self.card_uuid,
