@@ -84,8 +84,12 @@ async def main() -> int:
     say(check="client-after-restart", **r)
     await d.stop()
     await asyncio.wait_for(task, 30)
-    say(check="stop", returncode=d.proc.returncode, control_left=(d.pipe_dir / "control").exists(),
-        log=(d.log_dir / "control.log").read_text()[-600:] if (d.log_dir / "control.log").exists() else "")
+    say(
+        check="stop",
+        returncode=d.proc.returncode,
+        control_left=(d.pipe_dir / "control").exists(),
+        log=(d.log_dir / "control.log").read_text()[-600:] if (d.log_dir / "control.log").exists() else "",
+    )
     return 0
 
 

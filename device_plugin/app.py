@@ -186,7 +186,9 @@ class DevicePluginApp:
         from device_plugin.mps.allocate import MpsResponder
         from device_plugin.mps.daemon import MpsDaemons
 
-        self.mps = MpsDaemons([c.uuid for c in cards], self.options.mps_root, control=self.options.mps_control)
+        self.mps = MpsDaemons(
+            [c.uuid for c in cards], self.options.mps_root, control=self.options.mps_control
+        )
         self.mps.start()
         self._mode_responder = MpsResponder(self.mps)
 

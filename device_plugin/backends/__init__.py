@@ -32,7 +32,11 @@ def make_backend(
     module = _TABLE.get(name)
     if module is None:
         raise ConfigError(f"--backend: {name!r} is not a backend; valid: {', '.join(BACKENDS)}")
-    options = BackendOptions(fake_config=fake_config, preconfigured_memory_mib=preconfigured_memory_mib, **mig)  # type: ignore[arg-type]
+    options = BackendOptions(
+        fake_config=fake_config,
+        preconfigured_memory_mib=preconfigured_memory_mib,
+        **mig,  # type: ignore[arg-type]
+    )
     return importlib.import_module(module).build(options)
 
 
