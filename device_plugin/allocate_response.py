@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import uuid as uuidlib
@@ -44,6 +45,9 @@ class ResponseBuilder:
     """Env and mounts of `device_plugin.allocator.Allocator`'s responses (a mixin)."""
 
     settings: AllocatorSettings  # set by Allocator.__init__
+    #: The `mig` / `mps` mode's responder (`device_plugin.mig.allocate`, `device_plugin.mps.allocate`),
+    #: None in `hami-core` mode; it may build on the hami-core response (`_respond_hami_core`).
+    mode_responder: Any = None
 
     async def _respond(
         self,
@@ -54,9 +58,27 @@ class ResponseBuilder:
         *,
         fresh: bool = True,
     ) -> pb.ContainerAllocateResponse:
+        """The response for `entry`'s cards, by the node's operating mode. `fresh`: see
+        `_respond_hami_core`."""
+        core = functools.partial(self._respond_hami_core, fresh=fresh)
+        if self.mode_responder is not None:
+            return await self.mode_responder.respond(pending, ctr, entry, refuse, core)
+        return await core(pending, ctr, entry, refuse)
+
+    async def _respond_hami_core(
+        self,
+        pending: PendingPod,
+        ctr: dict,
+        entry: list[ContainerDevice],
+        refuse: Callable[[str, str], Any],
+        *,
+        sm_limit: bool = True,
+        fresh: bool = True,
+    ) -> pb.ContainerAllocateResponse:
         """The response for `entry`'s cards: env (limits, shared cache) and mounts (libvgpu, dirs).
 
         `refuse(reason, message)` is awaited to build the error raised when the host is not ready.
+        Without `sm_limit` libvgpu limits memory only (MPS shares the SMs).
         `fresh`: start the container's host directory empty (False when the same container is served
         again after a reboot: it is its own directory).
         """
@@ -84,7 +106,7 @@ class ResponseBuilder:
         envs = {ENV_VISIBLE: ",".join(recorded)}
         for i, dev in enumerate(entry):
             envs[ENV_MEMORY_LIMIT.format(i=i)] = f"{dev.usedmem}m"
-        envs[ENV_SM_LIMIT] = str(entry[0].usedcores)
+        envs[ENV_SM_LIMIT] = str(entry[0].usedcores) if sm_limit else "0"
         envs[ENV_SHARED_CACHE] = f"{s.vgpu_dir}/{uuidlib.uuid4()}.cache"
         if s.memory_scaling > 1:
             envs[ENV_OVERSUBSCRIBE] = "true"

@@ -164,7 +164,9 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
         on_preferred_fallback: Callable[[str], None] | None = None,
         on_card_mismatch: Callable[[], None] | None = None,
         on_readmitted: Callable[[], None] | None = None,
+        mode_responder: Any = None,
     ) -> None:
+        self.mode_responder = mode_responder  # mig / mps mode (device_plugin.mig, device_plugin.mps)
         self.kube = kube
         self.state = state
         self.settings = settings

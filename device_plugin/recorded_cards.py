@@ -155,6 +155,8 @@ class RecordedCards:
         percent than the spec asks (at most 100).
         """
         s = self.settings
+        if _isolated_by_instance(getattr(self, "mode_responder", None)):
+            return None  # mig mode: a whole MIG instance of the reserved profile is the isolation
         try:
             req = NvidiaVendor(s.nvidia).container_request(ctr)
         except InvalidRequest as e:
@@ -262,9 +264,10 @@ class RecordedCards:
             ):
                 unexplained.append(ref)
                 continue
+            # Served in an earlier boot the node reported (a record without a boot ID proves nothing).
             entries = [
                 list(rec.containers[i].devices)
-                if i in rec.containers and rec.containers[i].boot_id != boot
+                if i in rec.containers and rec.containers[i].boot_id not in ("", boot)
                 else []
                 for i in range(len(containers))
             ]
@@ -401,6 +404,15 @@ class RecordedCards:
                 boot,
             )
         return responses
+
+
+def _isolated_by_instance(responder: object) -> bool:
+    """Whether the node serves MIG instances (their profile's memory, not a share of the card)."""
+    if responder is None:
+        return False
+    from device_plugin.mig.allocate import MigResponder  # noqa: PLC0415 - only nodes in mig mode
+
+    return isinstance(responder, MigResponder)
 
 
 def _limits(container: dict, resource: str) -> bool:

@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from hami import objects
 from hami.errors import AnnotationError
-from hami.model import ContainerDevice, Device
+from hami.model import ContainerDevice, Device, MigPlacement, MigProfile
 
 # Pod annotations written by the scheduler and the device plugin (§1.4).
 ASSIGNED_NODE = "hami.io/vgpu-node"  # annotation and label
@@ -247,6 +247,126 @@ def check_card_ids(devices: Sequence[Device]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# MIG allocations (`hami.io/vgpu-mig-allocations`, §1.6.6): the scheduler's reservation of one MIG
+# instance per device of a container on a card in MIG mode; the device plugin adds the runtime identity.
+
+
+@dataclass(frozen=True, slots=True)
+class MigAllocation:
+    """One entry of ``hami.io/vgpu-mig-allocations`` (HAMi's MigAllocation).
+
+    `container_index` counts the pod's containers in device-list order (init containers first),
+    `device_index` the container's devices; `gpu_uuid` is the parent card. The runtime fields
+    (`mig_uuid`, `gpu_instance_id`, `compute_instance_id`) are all set or all unset.
+    """
+
+    container_index: int
+    device_index: int
+    gpu_uuid: str
+    profile: str
+    placement: MigPlacement
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def realized(self) -> bool:
+        """Whether the device plugin recorded the instance it created (the runtime fields are set)."""
+        return (
+            bool(self.mig_uuid) and self.gpu_instance_id is not None and self.compute_instance_id is not None
+        )
+
+    def to_json(self) -> dict[str, object]:
+        obj: dict[str, object] = {
+            "containerIndex": self.container_index,
+            "deviceIndex": self.device_index,
+            "gpuUUID": self.gpu_uuid,
+            "profile": self.profile,
+            "placement": {"start": self.placement.start, "size": self.placement.size},
+        }
+        # Go's omitempty: an empty string and a nil pointer are left out; a zero instance id is not.
+        if self.mig_uuid:
+            obj["migUUID"] = self.mig_uuid
+        if self.gpu_instance_id is not None:
+            obj["gpuInstanceID"] = self.gpu_instance_id
+        if self.compute_instance_id is not None:
+            obj["computeInstanceID"] = self.compute_instance_id
+        return obj
+
+
+def encode_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
+    """The annotation value as Go's encoder writes HAMi's list (compact, keys in HAMi's order)."""
+    return _go_json([a.to_json() for a in allocations])
+
+
+def mig_allocations_of(containers: Sequence[Sequence[ContainerDevice]]) -> list[MigAllocation]:
+    """The reservations of a pod's device lists (one list per container, init first): one entry per
+    device with a MIG instance decided, in container then device order (HAMi's EncodeMigAllocations)."""
+    return [
+        MigAllocation(i, j, cd.uuid, cd.mig.profile, cd.mig.placement)
+        for i, cds in enumerate(containers)
+        for j, cd in enumerate(cds)
+        if cd.mig is not None and cd.mig.profile and cd.mig.placement.size
+    ]
+
+
+def _uint_or_none(obj: Mapping[str, object], key: str, where: str) -> int | None:
+    val = obj.get(key)
+    if val is None:
+        return None
+    if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+        raise AnnotationError(f"{where}: field {key!r} must be an integer >= 0, got {val!r}")
+    return val
+
+
+def decode_mig_allocations(value: str) -> list[MigAllocation]:
+    """Decode ``hami.io/vgpu-mig-allocations`` (``""`` = none), checked as HAMi checks it.
+
+    Raises AnnotationError for invalid JSON, an entry without container/device index, card, profile
+    or placement ("incomplete"), an entry with only part of the runtime identity, or two entries for
+    the same container and device.
+    """
+    if not value:
+        return []
+    try:
+        raw = json.loads(value)
+    except ValueError as e:
+        raise AnnotationError(f"not valid JSON: {e}") from None
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise AnnotationError("must be a JSON array of MIG allocations")
+    out: list[MigAllocation] = []
+    seen: set[tuple[int, int]] = set()
+    for i, obj in enumerate(raw):
+        where = f"MIG allocation {i}"
+        if not isinstance(obj, dict):
+            raise AnnotationError(f"{where}: must be a JSON object")
+        ci, di = _json_int(obj, "containerIndex", where), _json_int(obj, "deviceIndex", where)
+        gpu, profile = obj.get("gpuUUID", ""), obj.get("profile", "")
+        mig_uuid = obj.get("migUUID", "")
+        if not isinstance(gpu, str) or not isinstance(profile, str) or not isinstance(mig_uuid, str):
+            raise AnnotationError(f"{where}: fields 'gpuUUID', 'profile' and 'migUUID' must be strings")
+        placement = _mig_placement(obj.get("placement") or {}, f"{where} placement")
+        if ci < 0 or di < 0 or not gpu or not profile or placement.size == 0:
+            raise AnnotationError(
+                f"{where} is incomplete: it needs containerIndex and deviceIndex >= 0, gpuUUID, profile and "
+                "a placement of size > 0"
+            )
+        gi = _uint_or_none(obj, "gpuInstanceID", where)
+        cid = _uint_or_none(obj, "computeInstanceID", where)
+        if sum((bool(mig_uuid), gi is not None, cid is not None)) not in (0, 3):
+            raise AnnotationError(
+                f"{where} has a partial runtime identity: migUUID, gpuInstanceID and computeInstanceID go together"
+            )
+        if (ci, di) in seen:
+            raise AnnotationError(f"duplicate MIG allocation for container {ci} device {di}")
+        seen.add((ci, di))
+        out.append(MigAllocation(ci, di, gpu, profile, placement, mig_uuid, gi, cid))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 # Node registration, JSON form (§1.6.1).
 
 
@@ -273,11 +393,66 @@ def device_to_json(device: Device) -> dict[str, object]:
         ("type", device.type),
         ("numa", device.numa),
         ("mode", device.mode),
+        ("migProfiles", [mig_profile_to_json(p) for p in device.mig_profiles]),
         ("health", device.health),
     ):
         if val:
             obj[key] = val
     return obj
+
+
+def mig_profile_to_json(profile: MigProfile) -> dict[str, object]:
+    """One MIG profile of a registration, HAMi's compact form (no key omitted; no placements = null)."""
+    return {
+        "name": profile.name,
+        "memoryMB": profile.memory_mb,
+        "core": profile.core,
+        "sliceCount": profile.slice_count,
+        "placements": [{"start": p.start, "size": p.size} for p in profile.placements] or None,
+    }
+
+
+def _mig_placement(obj: object, where: str) -> MigPlacement:
+    if not isinstance(obj, dict):
+        raise AnnotationError(f"{where}: must be an object {{start, size}}")
+    start, size = _json_int(obj, "start", where), _json_int(obj, "size", where)
+    if start < 0 or size < 0:
+        raise AnnotationError(f"{where}: start and size must be >= 0, got {start} and {size}")
+    return MigPlacement(start, size)
+
+
+def _mig_profiles(raw: object, where: str) -> tuple[MigProfile, ...]:
+    """`migProfiles` of one registered device (unknown keys such as ``instanceCount`` ignored, as HAMi)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise AnnotationError(f"{where}: field 'migProfiles' must be a JSON array")
+    out = []
+    for j, obj in enumerate(raw):
+        at = f"{where} migProfiles[{j}]"
+        if not isinstance(obj, dict):
+            raise AnnotationError(f"{at}: must be a JSON object")
+        name = obj.get("name")
+        if not isinstance(name, str) or not name:
+            raise AnnotationError(f"{at}: field 'name' must be a non-empty string")
+        ints = {k: _json_int(obj, k, at) for k in ("memoryMB", "core", "sliceCount")}
+        if any(v < 0 for v in ints.values()):
+            raise AnnotationError(f"{at}: memoryMB, core and sliceCount must be >= 0")
+        places = obj.get("placements")
+        if places is not None and not isinstance(places, list):
+            raise AnnotationError(f"{at}: field 'placements' must be a JSON array")
+        out.append(
+            MigProfile(
+                name=name,
+                memory_mb=ints["memoryMB"],
+                core=ints["core"],
+                slice_count=ints["sliceCount"],
+                placements=tuple(
+                    _mig_placement(p, f"{at} placements[{k}]") for k, p in enumerate(places or ())
+                ),
+            )
+        )
+    return tuple(out)
 
 
 def encode_node_devices_json(devices: Sequence[Device]) -> str:
@@ -295,8 +470,9 @@ def _json_int(obj: Mapping[str, object], key: str, where: str) -> int:
 def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Device]:
     """Decode a JSON registration; missing `index`/`numa` mean 0 and a missing `health` means false.
 
-    Unknown keys (`devicevendor`, `custominfo`, `migProfiles`) are ignored. Raises AnnotationError for
-    invalid JSON, a non-array, a device without `id`, or a field of the wrong type or range.
+    `migProfiles` (cards in MIG mode) become `Device.mig_profiles`; unknown keys (`devicevendor`,
+    `custominfo`, a profile's `instanceCount`) are ignored. Raises AnnotationError for invalid JSON, a
+    non-array, a device without `id`, or a field of the wrong type or range.
     """
     raw = load_json(value)
     if not isinstance(raw, list):
@@ -333,6 +509,7 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
                 mode=mode or "hami-core",
                 health=health,
                 vendor=vendor,
+                mig_profiles=_mig_profiles(obj.get("migProfiles"), where),
             )
         )
     check_distinct_cards(out)

@@ -30,7 +30,7 @@ from hami.cluster_scoring import PolicyScoring
 from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import fit_pod
-from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
+from hami.model import MIG_MODE, CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.node_order import _gc_paused, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
 from hami.preemption import is_terminating, pod_priority, pod_start
@@ -73,6 +73,12 @@ class FilterOutcome:
     warnings: tuple[str, ...] = ()
     no_devices: bool = False
     policy: PolicyChoice | None = None
+
+
+def _shares(devices: PodDevices) -> dict[str, list[list[tuple[str, int, int]]]]:
+    """The cards and shares of device lists (what a decision fixes; MIG runtime fields the device
+    plugin adds later are no change)."""
+    return {v: [[(d.uuid, d.usedmem, d.usedcores) for d in c] for c in lst] for v, lst in devices.items() if lst}
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,15 +274,19 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
     @staticmethod
     def _apply(n: _Node, grants: Iterable[CardGrant], sign: int) -> None:
         for g in grants:
-            if g.uuid not in n.by_uuid:
+            d = n.by_uuid.get(g.uuid)
+            if d is None:
                 continue  # a card that left the node's registration: nothing to count it against
             u = n.usage.get(g.uuid)
             if u is None:
                 u = n.usage[g.uuid] = DeviceUsage()
+            # MIG occupancy counts on cards in MIG mode only; a device there without a recorded
+            # instance leaves the card's free placements unknown.
+            mig, unknown = (g.mig, 1 if g.mig_missing else 0) if d.mode == MIG_MODE else ((), 0)
             if sign > 0:
-                u.add(g.usedmem, g.usedcores, g.slots)
+                u.add(g.usedmem, g.usedcores, g.slots, mig, unknown)
             else:
-                u.sub(g.usedmem, g.usedcores, g.slots)
+                u.sub(g.usedmem, g.usedcores, g.slots, mig, unknown)
         n.touch()
 
     # ------------------------------------------------------------------------------------------
@@ -356,18 +366,16 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             kinds = pods.container_kinds(pod)
             try:
                 for v in self.vendors.values():
-                    if v.allocated_key in annos:
-                        # Lists written by other HAMi versions may lack leading empty entries (§8.2).
-                        devices[v.common_word] = A.align_pod_devices(
-                            A.decode_pod_devices(annos[v.allocated_key]), len(kinds)
-                        )
+                    found = v.pod_devices(annos, len(kinds))
+                    if found is not None:
+                        devices[v.common_word] = found
             except AnnotationError as e:
                 if decided is None:
                     log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
                     return
                 devices = {}
             if decided is not None:
-                if node != decided.node or devices != decided.devices:
+                if node != decided.node or _shares(devices) != _shares(decided.devices):
                     self.allocation_mismatches += 1
                     log.warning(
                         "pod %s: its allocation annotations (node %s) differ from what was decided for it "
@@ -378,10 +386,11 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                 devices = {v: [list(c) for c in lst] for v, lst in decided.devices.items()}
             elif self.spec_floor:
                 devices = self._at_least_the_spec(pod, node, devices)
+            every = devices
             if pods.init_done(pod):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.
                 devices = pods.without_finished_init(devices, kinds)
-            grants = tuple(collapse_grants(devices, kinds))
+            grants = tuple(collapse_grants(devices, kinds, mig_from=every))
             old = self._pods.get(uid)
             self._release_hold(uid)
             if old is not None and old.node == node and old.grants == grants:

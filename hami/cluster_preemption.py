@@ -150,6 +150,8 @@ class ClusterPreemption:
                     max(u.used, u.used - s + g.slots),
                     max(u.usedmem, u.usedmem - m + g.usedmem),
                     max(u.usedcores, u.usedcores - c + g.usedcores),
+                    u.mig + tuple(p for p in g.mig if p not in u.mig),  # the MIG placements it will take
+                    u.mig_unknown,
                 )
         return out
 
@@ -327,7 +329,7 @@ class ClusterPreemption:
                     if u is None:
                         continue
                     u = usage[g.uuid] = u.copy()
-                    u.sub(g.usedmem, g.usedcores, g.slots)
+                    u.sub(g.usedmem, g.usedcores, g.slots, g.mig)  # a victim's MIG instances go too
                     if r.namespace == ns:
                         f = freed.setdefault(g.vendor, [0, 0])
                         f[0] += g.usedmem

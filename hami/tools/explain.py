@@ -35,6 +35,7 @@ from hami.reasons import parse_reason_text, sentence
 from hami.scoring import choose_policies, node_score, policy_errors
 from hami.tools.render import age
 from hami.tools.snapshot import Snapshot, unschedulable
+from hami.vendors.nvidia_mig import mig_text
 
 CORDONED = "node cordoned (spec.unschedulable): kube-scheduler sends it to no extender"
 #: Nodes tried when looking for the fewest pods that would have to end (best free memory first).
@@ -406,16 +407,16 @@ def _cards_of(snapshot: Snapshot, pod: Mapping[str, Any]) -> dict[str, list[str]
     annos = objects.annotations(pod)
     out: dict[str, list[str]] = {}
     for v in snapshot.state.vendors.values():
-        raw = annos.get(v.allocated_key)
-        if not raw:
-            continue
         try:
-            lists = A.decode_pod_devices(raw)
+            lists = v.pod_devices(annos, len(names))
         except AnnotationError:
             continue
-        for i, cds in enumerate(A.align_pod_devices(lists, len(names))):
+        for i, cds in enumerate(lists or ()):
             if cds and i < len(names):
-                out.setdefault(names[i], []).extend(f"{d.uuid} {d.usedmem} MiB {d.usedcores} %" for d in cds)
+                out.setdefault(names[i], []).extend(
+                    f"{d.uuid} {d.usedmem} MiB {d.usedcores} %" + (f" ({mig_text(d.mig)})" if d.mig else "")
+                    for d in cds
+                )
     return out
 
 

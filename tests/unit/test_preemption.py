@@ -516,3 +516,24 @@ def test_a_nomination_whose_victims_are_already_gone_holds_the_room_as_it_is():
     low = pod(ctr(gpu=1, mem=16000))
     low["spec"]["priority"] = 0
     assert cs.filter(low, ["n"]).node is None
+
+
+def test_a_mig_victim_frees_its_placement():
+    """On a card in MIG mode the victim's instance is what blocks the preemptor: removing the victim in
+    the trial frees its placement (its memory alone would have fitted)."""
+    from hami.model import MigPlacement, MigProfile
+
+    cs = ClusterState()
+    profiles = (MigProfile("1g.5gb", 4864, 15, 1, (MigPlacement(6, 1),)),)
+    cs.upsert_node(
+        node("n", [Device("GPU-0", 0, 7, 40960, 100, "NVIDIA A100", mode="mig", mig_profiles=profiles)])
+    )
+    name = running(cs, "n", [("GPU-0", 4864, 15)], prio=0)
+    PODS[name]["metadata"]["annotations"][A.MIG_ALLOCATIONS] = A.encode_mig_allocations(
+        [A.MigAllocation(0, 0, "GPU-0", "1g.5gb", MigPlacement(6, 1))]
+    )
+    cs.upsert_pod(PODS[name])
+    assert (
+        cs.filter(preemptor(ctr(gpu=1, mem=4000)), ["n"]).failed_nodes["n"] == "1/1 CardMigTopologyInfeasible"
+    )
+    assert victims_of(cs, preemptor(ctr(gpu=1, mem=4000))) == [name]
