@@ -33,3 +33,8 @@ def require_module(name: str, reason: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as e:
         skip_or_fail(f"{reason}: {e}")
+
+
+def skip_unless(condition: bool, reason: str) -> pytest.MarkDecorator:
+    """A mark that skips while `condition` is false, except under CI=true (the test then runs and fails)."""
+    return pytest.mark.skipif(not condition and not CI, reason=reason)

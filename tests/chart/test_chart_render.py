@@ -295,7 +295,9 @@ def test_webhook_configuration() -> None:
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_match_conditions_only_where_the_api_has_them(kube_version: str) -> None:
-    webhooks = rendered("defaults", kube_version).one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
+    webhooks = rendered("defaults", kube_version).one("MutatingWebhookConfiguration", "hami-webhook")[
+        "webhooks"
+    ]
     assert [("matchConditions" in w) for w in webhooks] == (
         [True] if kube_version >= "v1.28" else [False, False]  # Fail where opted in, Ignore elsewhere
     )
