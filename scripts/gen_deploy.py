@@ -74,7 +74,10 @@ _Dumper.add_representer(str, _str)
 def manifest() -> str:
     """The whole file's text."""
     r = render({}, kube_version=KUBE_VERSION)
-    objects = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": PSA_LABELS}}, *r.objects]
+    objects = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE, "labels": PSA_LABELS}},
+        *r.objects,
+    ]
     rank = {k: i for i, k in enumerate(ORDER)}
     objects.sort(key=lambda o: rank.get(o["kind"], len(ORDER)))  # stable: chart order within a kind
     for o in objects:

@@ -24,7 +24,9 @@ def test_no_raw_skip_outside_the_libvgpu_suite() -> None:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if RAW.search(line):
                 found.append(f"tests/{rel}:{n}: {line.strip()}")
-    assert not found, "skip through tests/ci.py (skip_or_fail, require_module, skip_unless):\n" + "\n".join(found)
+    assert not found, "skip through tests/ci.py (skip_or_fail, require_module, skip_unless):\n" + "\n".join(
+        found
+    )
 
 
 @pytest.mark.parametrize("in_ci", [True, False])
