@@ -252,7 +252,7 @@ def guarded(fn: Any) -> int:
         code = exit_status(e)
         hint = ""
         if code == EXIT_FORBIDDEN:
-            hint = " (the tools need get/list on nodes, pods and resourcequotas)"
+            hint = " (the tools need get/list on nodes, pods and resourcequotas, and get on the device ConfigMap)"
         elif code == EXIT_UNREACHABLE:
             hint = " (check --kubeconfig / --context and that the API server is up)"
         if isinstance(e, OSError) and not isinstance(e, HamiError):
