@@ -17,12 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hami import annotations as A
 from hami import fragmentation, objects, pods
+from hami.cluster_preemption import ClusterPreemption
 from hami.cluster_queries import CardStat, ClusterQueries
 from hami.cluster_scoring import PolicyScoring
 from hami.config import DeviceConfig
@@ -31,6 +33,7 @@ from hami.fit import fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.node_order import _gc_paused, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
+from hami.preemption import is_terminating, pod_priority, pod_start
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies
@@ -81,9 +84,28 @@ class _Pod:
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
     cpu: int = 0  # the pod's CPU request, millicores (kube-scheduler's count)
+    # What preemption reads (hami.preemption.Resident): spec.priority, the start time (status.startTime,
+    # else creationTimestamp, as kube-scheduler's GetPodStartTime; kept as written and parsed only when a
+    # preemption looks at the pod), labels (PodDisruptionBudget selectors), graceful deletion begun.
+    priority: int = 0
+    created: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    terminating: bool = False
+
+    @classmethod
+    def of(
+        cls, pod: Mapping[str, Any], node: str, grants: tuple[CardGrant, ...], reserved: bool, cpu: int
+    ) -> _Pod:
+        meta = objects.meta(pod)
+        labels = meta.get("labels")
+        return cls(
+            objects.uid(pod), objects.namespace(pod), objects.name(pod), node, grants, reserved, time.time(),
+            cpu, pod_priority(pod), pod_start(pod), dict(labels) if labels else {},
+            bool(meta.get("deletionTimestamp")),
+        )  # fmt: skip
 
 
-class ClusterState(ClusterQueries, PolicyScoring):
+class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
     """Nodes, cards, per-card usage, pod reservations and quotas. Thread-safe.
 
     Pods count only when they carry `hami.io/vgpu-node` and were scheduled by `scheduler_name`
@@ -128,6 +150,8 @@ class ClusterState(ClusterQueries, PolicyScoring):
         self._cpu: dict[str, tuple[str, int]] = {}
         self._request_memo_size = request_memo
         self._request_memo: dict[str, list[ContainerSpec]] = {}
+        self._holds = {}  # nominated preemptors' cards (hami.cluster_preemption)
+        self._plans = OrderedDict()
 
     # ------------------------------------------------------------------------------------------
     # nodes
@@ -278,6 +302,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
         ours = not self.scheduler_name or objects.scheduler_name(pod) == self.scheduler_name
         with self._lock:
             if not ours or pods.is_terminal(pod):
+                self._release_hold(uid)
                 self._drop_record(uid)
                 bound = objects.spec(pod).get("nodeName")
                 if not pods.is_terminal(pod) and isinstance(bound, str) and bound:
@@ -286,6 +311,8 @@ class ClusterState(ClusterQueries, PolicyScoring):
                     self._set_cpu(uid, None, 0)
                 return
             if not node:
+                if uid not in self._pods:
+                    self._nominated(pod)  # a pending preemptor keeps the cards it was nominated for
                 return  # not (yet) placed by us; a reservation in flight stays
             devices: PodDevices = {}
             kinds = pods.container_kinds(pod)
@@ -304,28 +331,24 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 devices = pods.without_finished_init(devices, kinds)
             grants = tuple(collapse_grants(devices, kinds))
             old = self._pods.get(uid)
+            self._release_hold(uid)
             if old is not None and old.node == node and old.grants == grants:
                 old.reserved = False
+                old.terminating = is_terminating(pod)
+                old.created = pod_start(pod)
+                labels = objects.labels(pod)
+                if labels != old.labels:
+                    old.labels = dict(labels)
                 return
             if old is None:
                 self._learn(pod, uid)
             self._drop_record(uid)
-            self._add_record(
-                _Pod(
-                    uid,
-                    objects.namespace(pod),
-                    objects.name(pod),
-                    node,
-                    grants,
-                    False,
-                    time.time(),
-                    fragmentation.pod_cpu_milli(pod),
-                )
-            )
+            self._add_record(_Pod.of(pod, node, grants, False, fragmentation.pod_cpu_milli(pod)))
 
     def remove_pod(self, uid: str) -> bool:
         """A pod was deleted (or its reservation must go): free its usage. True when something was freed."""
         with self._lock:
+            self._release_hold(uid)
             freed = self._drop_record(uid) is not None
             self._set_cpu(uid, None, 0)
             return freed
@@ -438,11 +461,12 @@ class ClusterState(ClusterQueries, PolicyScoring):
             if self.quota.has_limits(ns):
                 quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
             chosen = None
+            prio = pod_priority(pod) if self._holds else 0
             while order:
                 n = order.pop()
                 fit = fit_pod(
                     containers,
-                    n.view(),
+                    self._held_view(n, uid, prio) if self._holds else n.view(),
                     vendors=self.vendors,
                     selections=selections,
                     policy=policy,
@@ -470,7 +494,8 @@ class ClusterState(ClusterQueries, PolicyScoring):
                     ",".join(p.value for p in policy.cards), self._score_terms(chosen, shapes, policy),
                 )  # fmt: skip
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
-            self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time(), cpu))
+            self._release_hold(uid)  # placed: the reservation keeps its cards now
+            self._add_record(_Pod.of(pod, chosen.name, grants, True, cpu))
         out.node, out.devices = chosen.name, fit.devices
         stamp = int(time.time() if now is None else now)
         out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
@@ -506,6 +531,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
             self._pods.clear()
             self._verdicts.reset()
             self._cpu.clear()
+            self._holds.clear()  # the listed pods' nominations make them again
             self.quota = QuotaState(self.vendors)
             for q in quotas:
                 self.quota.upsert_quota(q)
@@ -566,9 +592,11 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 quota = None
                 if self.quota.has_limits(ns):
                     quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
+                prio = pod_priority(pod) if self._holds else 0
                 for n in prefilter(self._nodes, node_names, needs, out.failed_nodes):
+                    view = self._held_view(n, uid, prio) if self._holds else n.view()
                     fit = fit_pod(
-                        containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota
+                        containers, view, vendors=self.vendors, selections=selections, policy=policy, quota=quota
                     )
                     if fit.ok:
                         fits.add(n.name)

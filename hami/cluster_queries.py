@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hami.model import CardGrant, DeviceUsage
+from hami.model import CardGrant, Device, DeviceUsage
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
@@ -85,6 +85,12 @@ class ClusterQueries:
         with self._lock:
             p = self._pods.get(uid)
             return p.node if p else None
+
+    def node_cards(self, name: str) -> list[Device]:
+        """The cards node `name` registers, every vendor, by vendor then index ([] for an unknown node)."""
+        with self._lock:
+            n = self._nodes.get(name)
+            return [] if n is None else sorted(n.by_uuid.values(), key=lambda d: (d.vendor, d.index))
 
     def node_names(self) -> list[str]:
         with self._lock:

@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "devices unusable (HAMi: 60s)")  # fmt: skip
     p.add_argument("--reservation-ttl", type=duration, default=60.0,
                    help="drop a filter reservation no pod event confirmed within this (default 60s)")  # fmt: skip
+    p.add_argument("--advertise-node-resources", type=boolean, nargs="?", const=True, default=False,
+                   help="advertise each GPU node's card totals as its capacity of the memory and cores "
+                   "resources (nvidia.com/gpumem, nvidia.com/gpucores), for kube-scheduler's preemption "
+                   "when it counts them (ignoredByScheduler: false). Default false")  # fmt: skip
     p.add_argument(
         "--max-request-bytes", type=int, default=MAX_BODY_BYTES, help="request body limit (default 1 MiB)"
     )

@@ -42,6 +42,9 @@ class SyncOptions:
     is unusable (HAMi 60 s)."""
     reservation_ttl_s: float = 60.0
     """Seconds a filter reservation waits for the pod event that confirms it (default 60 s)."""
+    advertise_node_resources: bool = False
+    """Keep every GPU node's capacity of the memory and cores resources at its cards' totals
+    (`scheduler_extender.advertise`)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,10 @@ class ExtenderOptions:
     """``--handshake-timeout``, seconds (HAMi 60 s)."""
     reservation_ttl: float = 60.0
     """``--reservation-ttl``, seconds: unconfirmed filter reservations are dropped after this."""
+    advertise_node_resources: bool = False
+    """``--advertise-node-resources``: advertise each GPU node's card totals as its capacity of
+    ``nvidia.com/gpumem`` and ``nvidia.com/gpucores``, so that kube-scheduler, told to count those two
+    (``ignoredByScheduler: false``), finds preemption victims (docs/scheduler-extender.md)."""
     max_request_bytes: int = MAX_BODY_BYTES
     """``--max-request-bytes``: /filter and /bind body limit in bytes (default 1 MiB)."""
     kube_qps: float = 0.0
@@ -140,4 +147,5 @@ class ExtenderOptions:
             register_interval_s=self.register_interval,
             handshake_timeout_s=self.handshake_timeout,
             reservation_ttl_s=self.reservation_ttl,
+            advertise_node_resources=self.advertise_node_resources,
         )

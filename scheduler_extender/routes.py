@@ -1,5 +1,5 @@
-"""The extender's protocol handlers: POST /filter, POST /prioritize, POST /bind, GET /healthz, GET /readyz,
-GET /metrics.
+"""The extender's protocol handlers: POST /filter, POST /prioritize, POST /bind, POST /preempt, GET /healthz,
+GET /readyz, GET /metrics.
 
 kube-scheduler treats any status other than 200 as a transport error, so /filter and /bind answer 200
 with the protocol's ``Error`` field for every problem, including bodies that are not JSON or exceed
@@ -111,6 +111,22 @@ def make_app(
     app.router.add_post(
         "/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result, lambda: m.bind_failed("bad_request"))
     )
+
+    async def preempt(request: web.Request) -> web.Response:
+        # ExtenderPreemptionResult has no error field: problems are non-200 answers (see preempting.py).
+        try:
+            body = await read_body(request, max_body_bytes)
+        except BodyTooLarge:
+            m.preempt_calls.labels("error").inc()
+            resp = web.Response(text=_too_large("ExtenderPreemptionArgs", max_body_bytes) + "\n", status=413)
+            resp.force_close()
+            return resp
+        status, result = await extender.preempt(body)
+        if status != 200:
+            return web.Response(text=f"{result}\n", status=status)
+        return _json(result)
+
+    app.router.add_post("/preempt", preempt)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -31,6 +31,7 @@ from hami.cluster import ClusterState
 from hami.errors import HamiError
 from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 from hami.kube import KubeClient, Reflector
+from scheduler_extender.advertise import NodeAdvertiser
 from scheduler_extender.lockwait import LockQueues, lock_freed, owner_done_node, placed_node
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class ClusterSync:
         clock: Callable[[], datetime] = datetime.now,
         inflight: Inflight | None = None,
         lock_queues: LockQueues | None = None,
+        advertise_node_resources: bool = False,
     ) -> None:
         self.client = client
         # Binds waiting for a node lock are woken from these watches (scheduler_extender.lockwait).
@@ -155,6 +157,8 @@ class ClusterSync:
             on_update=self._pod_updated, on_delete=self._pod_deleted,
             watch_timeout_s=watch_timeout_s, name="extender-pods",
         )  # fmt: skip
+        # --advertise-node-resources: the nodes' device totals as capacity (scheduler_extender.advertise).
+        self.advertiser = NodeAdvertiser(client, state, self.nodes.get) if advertise_node_resources else None
         self.quotas = Reflector(
             client, "resourcequotas", on_sync=self._quotas_synced, on_add=self._quota_event,
             on_update=lambda _old, new: self._quota_event(new), on_delete=self._quota_deleted,
@@ -165,6 +169,8 @@ class ClusterSync:
 
     def start(self) -> ClusterSync:
         """Start the reflectors and the registration loop (non-blocking)."""
+        if self.advertiser is not None:
+            self.advertiser.start()
         for r in (self.quotas, self.nodes, self.pods):
             r.start()
         self._loop_thread = threading.Thread(target=self._loop, name="extender-register", daemon=True)
@@ -178,6 +184,8 @@ class ClusterSync:
         self._stop.set()
         for r in (self.nodes, self.pods, self.quotas):
             r.stop()
+        if self.advertiser is not None:
+            self.advertiser.stop()
         if self._loop_thread is not None:
             self._loop_thread.join(5.0)
 
@@ -232,6 +240,8 @@ class ClusterSync:
             self.rebuilds += 1
             for node in nodes:
                 self._apply_node(node)
+                if self.advertiser is not None:
+                    self.advertiser.notify((node.get("metadata") or {}).get("name", ""))
             log.info(
                 "state rebuilt from %d nodes, %d pods, %d quotas%s",
                 len(nodes),
@@ -251,8 +261,11 @@ class ClusterSync:
 
     def _node_event(self, node: dict[str, Any]) -> None:
         with self._lock:
-            if not self._closed:
-                self._apply_node(node)
+            if self._closed:
+                return
+            self._apply_node(node)
+        if self.advertiser is not None:
+            self.advertiser.notify((node.get("metadata") or {}).get("name", ""))
 
     def _node_updated(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         queues = self.lock_queues
@@ -298,7 +311,9 @@ class ClusterSync:
 
     def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
         """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
-        scheduler name, node name, phase, the container lists and init container states."""
+        scheduler name, node name, phase, the container lists and init container states, the nominated
+        node (a preemptor's hold), the start of graceful deletion (a victim still on its cards) and the
+        labels (PodDisruptionBudgets select by them)."""
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
@@ -315,6 +330,10 @@ class ClusterSync:
             spec.get("initContainers"),
             status.get("phase"),
             status.get("initContainerStatuses"),
+            status.get("nominatedNodeName"),
+            status.get("startTime"),  # preemption keeps the longest-running pods
+            meta.get("deletionTimestamp"),
+            meta.get("labels"),  # PodDisruptionBudget selectors
         )
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:

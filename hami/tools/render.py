@@ -322,6 +322,14 @@ def explain_dict(ex: Any) -> dict[str, Any]:
         "cards": ex.cards,
         "runnersUp": [{"node": r.node, "score": r.score, "fits": r.fits} for r in ex.runners_up],
         "warnings": ex.warnings,
+        "priority": ex.priority,
+        "preemption": {
+            "options": [
+                {"node": o.node, "victims": o.victims, "pdbViolations": o.pdb_violations, "chosen": o.chosen}
+                for o in ex.preemption
+            ],
+            "note": ex.preemption_note,
+        },
     }
 
 
@@ -366,6 +374,15 @@ def render_explain(ex: Any, fmt: str, *, style: Style) -> str:
         out.append("")
         for res, used, lim in ex.quota:
             out.append(f"quota: namespace {ex.pod.split('/')[0]} uses {used} of limits.{res} {lim}")
+    if ex.preemption:
+        out.append("")
+        out.append(f"preemption (priority {ex.priority}): kube-scheduler would evict on the first node")
+        for o in ex.preemption:
+            mark = "*" if o.chosen else "-"
+            out.append(f"  {mark} {o.node}: {', '.join(o.victims)}")
+    elif ex.preemption_note:
+        out.append("")
+        out.append(f"preemption (priority {ex.priority}): {ex.preemption_note}")
     if ex.suggestions:
         out.append("")
         out.append("what would change it:")

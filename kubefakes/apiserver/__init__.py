@@ -9,6 +9,7 @@ resources the project uses:
 * core/v1: ``nodes`` (+``/status``), ``pods`` (+``/status``, ``/binding``), ``bindings``, ``events``,
   ``resourcequotas`` (+``/status``), ``namespaces`` (+``/status``);
 * coordination.k8s.io/v1: ``leases``.
+* policy/v1: ``poddisruptionbudgets`` (stored as given: no disruption controller fills the status).
 
 Faithful points (each is what kube-apiserver does): one global, increasing resourceVersion; list
 answers carry ``metadata.resourceVersion`` and items without ``kind``/``apiVersion``; PUT or a patch

@@ -151,6 +151,21 @@ def test_scheduler_config_has_only_known_fields_and_the_extender(value_set: str,
     assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
 
 
+@pytest.mark.parametrize("kube_version", ["v1.23.0", "v1.33.0"])
+def test_preemption_counts_the_advertised_totals(kube_version: str) -> None:
+    # The preempt verb is always configured; with scheduler.extender.preemption kube-scheduler counts
+    # the memory and cores resources the extender advertises as the nodes' card totals.
+    off = scheduler_config(render(kube_version=kube_version))["extenders"][0]
+    assert off["preemptVerb"] == "preempt"
+    r = render({"scheduler": {"extender": {"preemption": True}}}, kube_version=kube_version)
+    [ext] = scheduler_config(r)["extenders"]
+    counted = {m["name"] for m in ext["managedResources"] if not m["ignoredByScheduler"]}
+    assert counted == {"nvidia.com/gpumem", "nvidia.com/gpucores"}
+    deploy = r.one("Deployment", "hami-scheduler")
+    [extender] = [c for c in pod_spec(deploy)["containers"] if c["name"] != "kube-scheduler"]
+    assert "--advertise-node-resources" in extender["args"]
+
+
 @pytest.mark.parametrize(
     ("kube_version", "tag"),
     [("v1.29.11-eks-1234", "v1.29.11"), ("v1.30.2-gke.1587003", "v1.30.2"), ("v1.23.17", "v1.23.17"),
