@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     inputs.add_argument("--kubeconfig", metavar="FILE",
                         help="with --from-cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")  # fmt: skip
     inputs.add_argument("--context", metavar="NAME", help="with --from-cluster: kubeconfig context")
+    inputs.add_argument("--device-configmap", metavar="NAMESPACE/NAME",
+                        help="with --from-cluster and no --config: the scheduler's device ConfigMap (default: the "
+                        "chart's, hami-system/hami-scheduler-device, else the one labelled "
+                        "app.kubernetes.io/component=device-config, else HAMi's defaults with a warning)")  # fmt: skip
     inputs.add_argument(
         "--from-empty",
         action="store_true",
@@ -179,7 +183,9 @@ class ProgressLines:
             return
         while self.next <= done + 1e-9:
             self.next += self.step
-        self.stream.write(f"{self.label}: {min(done, 1.0) * 100:.0f} % ({time.monotonic() - self.started:.1f} s)\n")
+        self.stream.write(
+            f"{self.label}: {min(done, 1.0) * 100:.0f} % ({time.monotonic() - self.started:.1f} s)\n"
+        )
         self.stream.flush()
 
     def close(self) -> None:
@@ -454,7 +460,18 @@ def run_simulate(
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    config = _load_config(args.config)
+    if getattr(args, "from_cluster", False) and args.config is None:
+        # What the scheduler reads, so the cluster's Ascend nodes and NPU pods are not dropped.
+        from hami.simulate.fromcluster import api_error_status, cluster_config
+
+        try:
+            config = cluster_config(args, stderr)
+        except ApiError as e:
+            return api_error_status(e)
+    else:
+        if getattr(args, "device_configmap", None):
+            raise InvalidRequest("--device-configmap: only with --from-cluster and without --config")
+        config = _load_config(args.config)
     if getattr(args, "vendors", None):
         config = config_for(config, parse_vendor_shares(args.vendors))  # Ascend/Iluvatar are switched vendors
     policies, compare = _policies(args, config)
@@ -487,7 +504,9 @@ def run_simulate(
     if what_if:
         from hami.simulate.whatif import run_what_if
 
-        return run_what_if(args, config, workload, kept_pods, policies, start=start, stdout=stdout, stderr=stderr)
+        return run_what_if(
+            args, config, workload, kept_pods, policies, start=start, stdout=stdout, stderr=stderr
+        )
     if getattr(args, "current_policy", None) is not None:
         raise InvalidRequest("--current-policy: only with --what-if-shape")
     if args.progress and args.no_progress:
