@@ -322,16 +322,15 @@ def _uint_or_none(obj: Mapping[str, object], key: str, where: str) -> int | None
 def decode_mig_allocations(value: str) -> list[MigAllocation]:
     """Decode ``hami.io/vgpu-mig-allocations`` (``""`` = none), checked as HAMi checks it.
 
-    Raises AnnotationError for invalid JSON, an entry without container/device index, card, profile
-    or placement ("incomplete"), an entry with only part of the runtime identity, or two entries for
+    Raises AnnotationError for invalid JSON (also: longer than 256 KiB, nested deeper than 16 levels),
+    an entry without container/device index, card, profile or placement ("incomplete"), an entry with only part of the runtime identity, or two entries for
     the same container and device.
     """
     if not value:
         return []
-    try:
-        raw = json.loads(value)
-    except ValueError as e:
-        raise AnnotationError(f"not valid JSON: {e}") from None
+    # Bounded: the value is the pod owner's to write where nothing refuses it, and a deeply nested
+    # one would otherwise raise RecursionError in every reader (extender, device plugin, monitor).
+    raw = load_json(value)
     if raw is None:
         return []
     if not isinstance(raw, list):

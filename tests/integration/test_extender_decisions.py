@@ -91,3 +91,35 @@ async def test_after_a_restart_a_pod_counts_at_least_what_its_spec_asks(
         assert result["NodeNames"] == [], result
     finally:
         await server.stop()
+
+
+async def test_a_deeply_nested_mig_record_still_counts_the_pods_card(
+    fake_apiserver: FakeApiServer, session
+) -> None:
+    # An unreadable hami.io/vgpu-mig-allocations leaves the devices without their instances (HAMi's
+    # fail-closed rule); one nested too deeply for Python's decoder must read the same, not make a
+    # restarted extender leave the pod out and hand its 30000 MiB to the next pod.
+    api = fake_apiserver
+    api.store.create("nodes", gpu_node("n1", cards("g", 1, mem=40000)))
+    pod = gpu_pod("a", mem=30000, cores=30)
+    pod["metadata"]["annotations"].update(
+        {
+            A.ASSIGNED_NODE: "n1",
+            A.NVIDIA_ALLOCATED: f"{CARD},NVIDIA,30000,30:;",
+            A.NVIDIA_TO_ALLOCATE: ";",
+            A.BIND_PHASE: "success",
+            A.MIG_ALLOCATIONS: "[" * 5000 + "]" * 5000,
+        }
+    )
+    pod["spec"]["nodeName"] = "n1"
+    pod["status"] = {"phase": "Running"}
+    api.store.create("pods", pod)
+    server = await start_extender(api)
+    try:
+        await wait_ready(server)
+        [stat] = [c for c in server.state.card_stats() if c.uuid == CARD]
+        assert (stat.usedmem, stat.usedcores) == (30000, 30), stat
+        result = await Scheduler(session, server.url).filter(create_pod(api, gpu_pod("b", mem=30000)), ["n1"])
+        assert result["NodeNames"] == [], result
+    finally:
+        await server.stop()

@@ -74,3 +74,39 @@ def test_values_outside_the_cards_capacity_are_dropped_and_counted(kube_client, 
         what="3 more scans",
     )
     assert value(got, "hami_monitor_cache_errors_total", reason="out_of_range") == 2
+
+
+def test_one_pod_with_a_deeply_nested_mig_record_does_not_stop_the_pod_index(
+    kube_client, monitor_factory, tmp_path
+):
+    # Any pod on the node is in the monitor's index; one whose hami.io/vgpu-mig-allocations nests
+    # thousands of arrays (nothing stripped it: a namespace the webhook skips) must not keep the whole
+    # index from syncing, and with it every container's pod name off the metrics.
+    containers = tmp_path / "containers"
+    me = os.getpid()
+    deep = {
+        "metadata": {
+            "name": "deep",
+            "namespace": "team-a",
+            "annotations": {"hami.io/vgpu-mig-allocations": "[" * 5000 + "]" * 5000},
+        },
+        "spec": {"nodeName": "node1", "containers": [{"name": "main", "image": "x"}]},
+    }
+    kube_client.create_pod(deep, namespace="team-a")
+    honest = create_pod(kube_client, "honest", "team-a", ["main"])
+    write(
+        containers / f"{honest}_main" / f"{uuid.uuid4()}.cache",
+        libvgpu_bytes([VDev(CARD, limit=4000 * MIB)], [VSlot(me, used=[1000 * MIB], data=[1000 * MIB])]),
+    )
+    port = monitor_factory(containers)  # waits for hami_monitor_pods_synced 1
+    ok = {
+        "namespace": "team-a",
+        "pod": "honest",
+        "container": "main",
+        "vdevice_index": "0",
+        "device_uuid": CARD,
+    }
+    got = wait_for(
+        port, lambda g: value(g, "hami_vgpu_memory_used_bytes", **ok) is not None, what="honest series"
+    )
+    assert value(got, "hami_vgpu_memory_used_bytes", **ok) == 1000 * MIB
