@@ -64,10 +64,10 @@ class AMDVendor(C.ShareVendor):
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return Selection(
-            use_types=split_list(annotations.get(self.use_type_key)),
-            nouse_types=split_list(annotations.get(self.nouse_type_key)),
-            use_uuids=split_list(annotations.get(self.use_uuid_key)),
-            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key)),
+            use_types=split_list(annotations.get(self.use_type_key), field=self.use_type_key),
+            nouse_types=split_list(annotations.get(self.nouse_type_key), field=self.nouse_type_key),
+            use_uuids=split_list(annotations.get(self.use_uuid_key), field=self.use_uuid_key),
+            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key), field=self.nouse_uuid_key),
         )
 
     def type_matches(self, device: Device, selection: Selection) -> bool:

@@ -261,8 +261,8 @@ class AscendVendor(C.ShareVendor):
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return AscendSelection(
-            use_uuids=split_list(annotations.get(self.use_uuid_key)),
-            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key)),
+            use_uuids=split_list(annotations.get(self.use_uuid_key), field=self.use_uuid_key),
+            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key), field=self.nouse_uuid_key),
             hami_core=(annotations.get(VNPU_MODE) or "").strip() == "hami-core",
         )
 

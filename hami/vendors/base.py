@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hami import annotations as A
 from hami import objects
+from hami.errors import InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 
 if TYPE_CHECKING:
@@ -246,11 +247,27 @@ def set_env(container: dict[str, Any], name: str, value: str) -> None:
     env.append({"name": name, "value": value})
 
 
-def split_list(value: str | None) -> tuple[str, ...]:
-    """A comma list from an annotation, trimmed, empties dropped (HAMi: empty value = no constraint)."""
+#: Entries a selection list (use/nouse card types or UUIDs) may hold. Each is checked against every
+#: card of every candidate node under the scheduler's lock, so the list's length is every other pod's
+#: wait; a pod owner writes it (and may change it after creation).
+MAX_SELECTION_ENTRIES = 64
+
+
+def split_list(value: str | None, *, field: str = "") -> tuple[str, ...]:
+    """A comma list from an annotation, trimmed, empties dropped (HAMi: empty value = no constraint).
+
+    Raises InvalidRequest naming `field` (the annotation key) when it holds more than
+    `MAX_SELECTION_ENTRIES` entries.
+    """
     if not value:
         return ()
-    return tuple(p.strip() for p in value.split(",") if p.strip())
+    out = tuple(p.strip() for p in value.split(",") if p.strip())
+    if len(out) > MAX_SELECTION_ENTRIES:
+        raise InvalidRequest(
+            f"annotation {field or 'list'} has {len(out)} entries; at most {MAX_SELECTION_ENTRIES} "
+            "comma-separated card types or UUIDs are read"
+        )
+    return out
 
 
 class VendorBase:

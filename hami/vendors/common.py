@@ -275,8 +275,12 @@ class ShareVendor(VendorBase):
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return Selection(
-            use_uuids=split_list(annotations.get(self.use_uuid_key)) if self.use_uuid_key else (),
-            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key)) if self.nouse_uuid_key else (),
+            use_uuids=split_list(annotations.get(self.use_uuid_key), field=self.use_uuid_key)
+            if self.use_uuid_key
+            else (),
+            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key), field=self.nouse_uuid_key)
+            if self.nouse_uuid_key
+            else (),
         )
 
     # -- requests ------------------------------------------------------------------------------

@@ -98,10 +98,10 @@ class HygonVendor(VendorBase):
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return Selection(
-            use_types=split_list(annotations.get(USE_DCUTYPE)),
-            nouse_types=split_list(annotations.get(NOUSE_DCUTYPE)),
-            use_uuids=split_list(annotations.get(USE_GPUUUID)),
-            nouse_uuids=split_list(annotations.get(NOUSE_GPUUUID)),
+            use_types=split_list(annotations.get(USE_DCUTYPE), field=USE_DCUTYPE),
+            nouse_types=split_list(annotations.get(NOUSE_DCUTYPE), field=NOUSE_DCUTYPE),
+            use_uuids=split_list(annotations.get(USE_GPUUUID), field=USE_GPUUUID),
+            nouse_uuids=split_list(annotations.get(NOUSE_GPUUUID), field=NOUSE_GPUUUID),
         )
 
     def type_matches(self, device: Device, selection: Selection) -> bool:

@@ -69,7 +69,7 @@ class XPUSelection(Selection):
 
 
 def xpu_selection(annotations: Mapping[str, str]) -> XPUSelection:
-    a, b, c, d = (split_list(annotations.get(k)) for k in UUID_KEYS)
+    a, b, c, d = (split_list(annotations.get(k), field=k) for k in UUID_KEYS)
     return XPUSelection(use_uuids=a, nouse_uuids=b, use_uuids2=c, nouse_uuids2=d)
 
 

@@ -215,8 +215,8 @@ class MetaxSGPUVendor(C.ShareVendor):
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return SGPUSelection(
-            use_uuids=split_list(annotations.get(self.use_uuid_key)),
-            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key)),
+            use_uuids=split_list(annotations.get(self.use_uuid_key), field=self.use_uuid_key),
+            nouse_uuids=split_list(annotations.get(self.nouse_uuid_key), field=self.nouse_uuid_key),
             qos=(annotations.get(QOS_POLICY) or "best-effort").strip(),
             app_class=(annotations.get(APP_CLASS) or "").strip(),
         )

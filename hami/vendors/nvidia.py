@@ -296,10 +296,10 @@ class NvidiaVendor(VendorBase):
                 "1g.10gb or 3g.40gb that the node's cards offer"
             )
         return Selection(
-            use_types=split_list(annotations.get(USE_GPUTYPE)),
-            nouse_types=split_list(annotations.get(NOUSE_GPUTYPE)),
-            use_uuids=split_list(annotations.get(USE_GPUUUID)),
-            nouse_uuids=split_list(annotations.get(NOUSE_GPUUUID)),
+            use_types=split_list(annotations.get(USE_GPUTYPE), field=USE_GPUTYPE),
+            nouse_types=split_list(annotations.get(NOUSE_GPUTYPE), field=NOUSE_GPUTYPE),
+            use_uuids=split_list(annotations.get(USE_GPUUUID), field=USE_GPUUUID),
+            nouse_uuids=split_list(annotations.get(NOUSE_GPUUUID), field=NOUSE_GPUUUID),
             numa_bind=parse_bool(numa, field=NUMA_BIND) if numa is not None else False,
             mode=(annotations.get(VGPU_MODE) or "").strip(),
             mig_profile=profile,
