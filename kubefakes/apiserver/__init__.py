@@ -18,8 +18,9 @@ resources the project uses:
 Faithful points (each is what kube-apiserver does): one global, increasing resourceVersion; list
 answers carry ``metadata.resourceVersion`` and items without ``kind``/``apiVersion``; PUT or a patch
 carrying a stale ``metadata.resourceVersion`` is ``409 Conflict``; a write that changes nothing is a
-no-op (no new resourceVersion, no event); the main resource ignores ``status`` and ``/status``
-ignores everything but ``status`` (pods, nodes, resourcequotas); pod create drops the request's
+no-op (no new resourceVersion, no event); the main resource ignores ``status``, and ``/status``
+changes the status, labels and annotations but never the spec (nor a pod's ownerReferences and
+deletionTimestamp: podStatusStrategy); pod create drops the request's
 status (phase ``Pending``) and defaults ``schedulerName``; watch from a resourceVersion older than the
 bounded event history answers an ``ERROR`` event with a ``410 Expired`` Status; watches with
 selectors see ``DELETED``/``ADDED`` when an object leaves/enters the selection; every error body is a

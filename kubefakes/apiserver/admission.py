@@ -12,13 +12,15 @@ What kube-apiserver does and this reproduces (k8s-protocols: "Mutating admission
   scope, its ``namespaceSelector`` matches the namespace's labels (a namespace that is not stored has
   only ``kubernetes.io/metadata.name``) and its ``objectSelector`` matches the new object's labels or,
   on UPDATE, the old one's. Webhooks run in order: configurations by name, webhooks in list order.
-  ``matchConditions`` (CEL) are not evaluated: a webhook with them runs as if they held.
+  Then its ``matchConditions`` (CEL over ``object``, ``oldObject`` and ``request``, evaluated with
+  cel-python) must all hold; one that cannot be evaluated follows ``failurePolicy``.
 * **The call.** ``POST <url or https://<service>.<namespace>.svc:<port><path>>?timeout=<N>s`` of an
   AdmissionReview in the first of ``admissionReviewVersions`` it knows (v1, then v1beta1), over TLS
   verified against ``caBundle`` with the server name of the URL or ``<service>.<namespace>.svc``.
   A service reference is reached at the address `Admission.service_endpoints` gives it (there is no
   cluster DNS here). The request carries ``uid``, ``kind``, ``resource``, ``name``, ``namespace``,
-  ``operation``, ``userInfo``, ``object``, ``oldObject`` (UPDATE), ``dryRun``, ``options``.
+  ``operation``, ``userInfo``, ``object``, ``oldObject`` (UPDATE), ``dryRun``, ``options`` and, for a
+  subresource (``pods/status``), ``subResource``.
 * **The answer.** HTTP 200 with an AdmissionReview of the same version and ``response.uid`` equal to
   the request's; ``patch`` and ``patchType: JSONPatch`` together. ``allowed: false`` (or no
   ``allowed``) is a denial: ``admission webhook "<name>" denied the request: <message>`` with the
@@ -29,7 +31,8 @@ What kube-apiserver does and this reproduces (k8s-protocols: "Mutating admission
   dry run; the request is refused with 400.
 * **ValidatingAdmissionPolicy** (admissionregistration.k8s.io/v1) after the mutating webhooks: a
   policy bound by a ``ValidatingAdmissionPolicyBinding`` whose ``validationActions`` hold ``Deny``
-  applies when its ``matchConstraints.resourceRules`` match and every ``matchConditions`` expression
+  applies when its ``matchConstraints.resourceRules`` match (subresources only when named) and every
+  ``matchConditions`` expression
   is true; then each ``validations`` expression must be true, else the request is refused with
   ``<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>'
   denied request: <message>`` (HTTP 403 for reason Forbidden, else 422). Expressions are CEL over
@@ -212,6 +215,7 @@ class Admission:
         old: dict[str, Any] | None,
         user: Mapping[str, Any],
         dry_run: bool,
+        sub: str = "",
     ) -> dict[str, Any]:
         """Run `hooks` (already matched) in order over `obj`; returns the object after their patches.
 
@@ -226,8 +230,10 @@ class Admission:
                     400, status_body(400, f'admission webhook "{hook.name}" does not support dry run')
                 )
             try:
+                if not _conditions_hold(spec, info, operation, namespace, name, current, old, user, sub):
+                    continue
                 response, version = await self._call(
-                    hook, operation, info, namespace, name, current, old, user, dry_run
+                    hook, operation, info, namespace, name, current, old, user, dry_run, sub
                 )
             except _CallError as e:
                 if (spec.get("failurePolicy") or "Fail") == "Ignore":
@@ -273,6 +279,7 @@ class Admission:
         old: dict[str, Any] | None,
         user: Mapping[str, Any],
         dry_run: bool,
+        sub: str = "",
     ) -> tuple[dict[str, Any], str]:
         spec = hook.spec
         versions = [
@@ -310,6 +317,8 @@ class Admission:
                 "kind": "CreateOptions" if operation == "CREATE" else "UpdateOptions",
             },
         }
+        if sub:
+            request["subResource"] = request["requestSubResource"] = sub
         review = {"apiVersion": version, "kind": "AdmissionReview", "request": request}
         self.calls += 1
         try:
@@ -367,6 +376,48 @@ class _CallError(Exception):
     """A call that failed or answered something that is no valid review (failurePolicy decides)."""
 
 
+def _request_vars(
+    info: ResourceInfo, operation: str, namespace: str, name: str, user: Mapping[str, Any], sub: str
+) -> dict[str, Any]:
+    """CEL's ``request`` of a matchCondition or a policy expression."""
+    return {
+        "userInfo": {k: user[k] for k in ("username", "uid", "groups") if k in user},
+        "operation": operation,
+        "namespace": namespace,
+        "name": name,
+        "subResource": sub,
+        "kind": {"group": info.group, "version": info.version, "kind": info.kind},
+        "resource": {"group": info.group, "version": info.version, "resource": info.plural},
+    }
+
+
+def _conditions_hold(
+    spec: Mapping[str, Any],
+    info: ResourceInfo,
+    operation: str,
+    namespace: str,
+    name: str,
+    obj: Mapping[str, Any],
+    old: Mapping[str, Any] | None,
+    user: Mapping[str, Any],
+    sub: str,
+) -> bool:
+    """Whether every ``matchConditions`` expression of a webhook holds. Raises _CallError when one
+    cannot be evaluated (the webhook's ``failurePolicy`` then decides, as for a failed call)."""
+    conditions = spec.get("matchConditions") or []
+    if not conditions:
+        return True
+    activation = {
+        "object": with_type(info, dict(obj)),
+        "oldObject": with_type(info, dict(old)) if old is not None else None,
+        "request": _request_vars(info, operation, namespace, name, user, sub),
+    }
+    try:
+        return all(_cel(c.get("expression", ""), activation) for c in conditions)
+    except _CelError as e:
+        raise _CallError(f"matchCondition could not be evaluated: {e}") from None
+
+
 # -- ValidatingAdmissionPolicy ------------------------------------------------------------------------
 
 
@@ -381,6 +432,7 @@ def validate_policies(
     obj: Mapping[str, Any],
     old: Mapping[str, Any] | None,
     user: Mapping[str, Any],
+    sub: str = "",
 ) -> None:
     """Apply the bound policies to one request. Raises ApiStatusError 403/422 on a denial."""
     by_name = {object_meta(p).get("name", ""): p for p in policies}
@@ -393,18 +445,12 @@ def validate_policies(
             continue
         spec = policy.get("spec") or {}
         rules = (spec.get("matchConstraints") or {}).get("resourceRules") or []
-        if not any(_rule_matches(r, operation, info, "", info.namespaced) for r in rules):
+        if not any(_rule_matches(r, operation, info, sub, info.namespaced) for r in rules):
             continue
         activation = {
             "object": with_type(info, dict(obj)),
             "oldObject": with_type(info, dict(old)) if old is not None else None,
-            "request": {
-                "userInfo": {k: user[k] for k in ("username", "uid", "groups") if k in user},
-                "operation": operation,
-                "namespace": namespace,
-                "name": name,
-                "kind": {"group": info.group, "version": info.version, "kind": info.kind},
-            },
+            "request": _request_vars(info, operation, namespace, name, user, sub),
         }
         pname, bname = object_meta(policy).get("name", ""), object_meta(binding).get("name", "")
         fail = (spec.get("failurePolicy") or "Fail") == "Fail"

@@ -291,7 +291,15 @@ class ApiRoutes:
         return self.store.count("validatingadmissionpolicybindings") > 0
 
     def _validate(
-        self, operation: str, info: ResourceInfo, ns: str, name: str, obj: dict, old: dict | None, user: dict
+        self,
+        operation: str,
+        info: ResourceInfo,
+        ns: str,
+        name: str,
+        obj: dict,
+        old: dict | None,
+        user: dict,
+        sub: str = "",
     ) -> None:
         if not self._has_policies():
             return
@@ -299,7 +307,7 @@ class ApiRoutes:
         bindings, _ = self.store.list_objects("validatingadmissionpolicybindings")
         validate_policies(
             policies, bindings, operation=operation, info=info, namespace=ns, name=name, obj=obj, old=old,
-            user=user,
+            user=user, sub=sub,
         )  # fmt: skip
 
     def _namespace_labels(self, ns: str) -> dict[str, str]:
@@ -366,9 +374,9 @@ class ApiRoutes:
             if matched:
                 new = await self.admission.admit(
                     matched, operation="UPDATE", info=info, namespace=ns if info.namespaced else "", name=name,
-                    obj=new, old=old, user=user, dry_run=dry_run,
+                    obj=new, old=old, user=user, dry_run=dry_run, sub=sub,
                 )  # fmt: skip
-            self._validate("UPDATE", info, ns, name, new, old, user)
+            self._validate("UPDATE", info, ns, name, new, old, user, sub)
             new.setdefault("metadata", {})["resourceVersion"] = object_meta(old).get("resourceVersion")
             try:
                 return self.store.do_update(table, ns, name, new, sub or None, dry_run)

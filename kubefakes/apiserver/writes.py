@@ -57,6 +57,20 @@ def strip_rv(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
+#: The metadata a /status write cannot change: identity and creation fields never change on update, and
+#: podStatusStrategy.PrepareForUpdate keeps the stored deletionTimestamp (and ownerReferences, added
+#: for pods where it is used).
+_STATUS_KEEPS = (
+    "name",
+    "namespace",
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generateName",
+)
+
+
 class _Retry(Exception):
     """Internal: the object changed between read and write of an update without a precondition."""
 
@@ -157,8 +171,15 @@ class StoreWrites:
                 f"Precondition failed: UID in precondition: {uid}, UID in object meta: {cur_meta.get('uid')}",
             )
         if subresource == "status":
-            # Only status changes through /status (spec and metadata come from the stored object).
-            new = {**cur, "status": new.get("status", cur.get("status"))}
+            # /status changes the status and the labels and annotations too: kube-apiserver's status
+            # strategies of these core resources keep only the stored spec (podStatusStrategy also the
+            # deletionTimestamp and ownerReferences), so the spec here comes from the stored object.
+            status = new.get("status", cur.get("status"))
+            keeps = (*_STATUS_KEEPS, "ownerReferences") if info.plural == "pods" else _STATUS_KEEPS
+            kept = {k: cur_meta[k] for k in keeps if k in cur_meta}
+            fresh = {k: v for k, v in meta.items() if k not in keeps and k != "resourceVersion"}
+            meta = {**fresh, **kept, "resourceVersion": cur_meta.get("resourceVersion")}
+            new = {**cur, "metadata": meta, "status": status}
             if new.get("status") is None:
                 new.pop("status")
         else:

@@ -288,10 +288,12 @@ def test_update_with_stale_resource_version_is_409(fake_apiserver: FakeApiServer
     assert exc.value.status == 409
 
 
-def test_main_resource_ignores_status_and_status_subresource_ignores_metadata(
+def test_main_resource_ignores_status_and_status_subresource_keeps_the_spec(
     fake_apiserver: FakeApiServer, v1
 ) -> None:
-    fake_apiserver.store.create("pods", make_pod("p"))
+    pod = make_pod("p")
+    pod["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u"}]
+    fake_apiserver.store.create("pods", pod)
     out = raw(
         v1.patch_namespaced_pod(
             "p", "default", {"status": {"phase": "Running"}}, _content_type=MERGE, _preload_content=False
@@ -302,12 +304,21 @@ def test_main_resource_ignores_status_and_status_subresource_ignores_metadata(
         v1.patch_namespaced_pod_status(
             "p",
             "default",
-            {"metadata": {"labels": {"x": "y"}}, "status": {"phase": "Running"}},
+            {
+                "metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}, "ownerReferences": None},
+                "spec": {"nodeName": "elsewhere"},
+                "status": {"phase": "Running"},
+            },
             _content_type=MERGE,
             _preload_content=False,
         )
     )
-    assert out["status"]["phase"] == "Running" and out["metadata"]["labels"] == {}
+    # kube-apiserver's podStatusStrategy: the stored spec, ownerReferences and deletionTimestamp stay;
+    # labels and annotations change through /status as through the pod itself.
+    assert out["status"]["phase"] == "Running"
+    assert out["metadata"]["labels"] == {"x": "y"} and out["metadata"]["annotations"] == {"a": "b"}
+    assert out["metadata"]["ownerReferences"] == pod["metadata"]["ownerReferences"]
+    assert "nodeName" not in out["spec"]
 
 
 def test_create_defaults_errors_and_validation(fake_apiserver: FakeApiServer, v1) -> None:
@@ -601,3 +612,49 @@ def test_demo_clock_errors() -> None:
         r = subprocess.run([sys.executable, "-m", "kubefakes.apiserver", *argv], capture_output=True, text=True,
                            timeout=30)  # fmt: skip
         assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+def test_admission_policies_and_match_conditions_see_subresources_as_kube_apiserver_does() -> None:
+    # A policy on `pods` does not apply to pods/status (a subresource is matched only when named); a
+    # webhook's matchConditions are CEL over object, oldObject and request (subResource included),
+    # and one that cannot be evaluated counts as a failed call (failurePolicy decides).
+    from kubefakes.apiserver.admission import ADMIN, _CallError, _conditions_hold, validate_policies
+    from kubefakes.apiserver.resources import RESOURCES
+    from kubefakes.apiserver.status import ApiStatusError
+
+    pods = RESOURCES["pods"]
+    policy = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "matchConstraints": {"resourceRules": [
+                {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+            ]},
+            "validations": [{"expression": "request.subResource == 'never'", "reason": "Forbidden"}],
+        },
+    }  # fmt: skip
+    binding = {"metadata": {"name": "b"}, "spec": {"policyName": "p", "validationActions": ["Deny"]}}
+    pod = {"metadata": {"name": "x", "namespace": "d"}, "spec": {}}
+
+    def check(sub: str) -> None:
+        validate_policies([policy], [binding], operation="UPDATE", info=pods, namespace="d", name="x",
+                          obj=pod, old=pod, user=ADMIN, sub=sub)  # fmt: skip
+
+    check("status")  # not matched
+    with pytest.raises(ApiStatusError) as err:
+        check("")
+    assert err.value.code == 403
+    policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] = ["pods", "pods/status"]
+    with pytest.raises(ApiStatusError):
+        check("status")
+
+    def holds(expression: str, sub: str = "") -> bool:
+        hook = {"matchConditions": [{"name": "c", "expression": expression}]}
+        return _conditions_hold(hook, pods, "UPDATE", "d", "x", pod, pod, ADMIN, sub)
+
+    assert holds("request.subResource == 'status'", "status")
+    assert not holds("request.subResource == 'status'")
+    assert holds(
+        "object.metadata.name == oldObject.metadata.name && request.userInfo.username == 'kubernetes-admin'"
+    )
+    with pytest.raises(_CallError):
+        holds("object.spec.containers.exists(c, true)")  # no such field: an evaluation error
