@@ -4,9 +4,10 @@ Order of the steps, and why:
 1. CREATE of core/v1 pods (no sub-resource) is reviewed as below; an UPDATE only for who changes an
    allocation annotation (`Mutator.review_update`); anything else is allowed unchanged, except
    another kind, which is a configuration mistake and is denied with a message saying so.
-2. `hami.io/webhook: ignore` as a label of the pod or of its namespace: allowed unchanged. Only labels
-   count, as in HAMi (the MutatingWebhookConfiguration selectors can only see labels): an annotation
-   of that name would let any user skip step 3 with forged allocation annotations, so it only earns
+2. `hami.io/webhook: ignore` as a label of the pod or of its namespace: only step 3 applies, the pod
+   is otherwise allowed unchanged (the owner sets the label, so it opts out of the webhook's changes,
+   never out of the removal of forged allocations). Only labels count, as in HAMi (the
+   MutatingWebhookConfiguration selectors can only see labels): an annotation of that name only earns
    a warning.
 3. Allocation annotations a user wrote are removed, whatever the scheduler: the extender counts usage
    from them, so a forged `hami.io/vgpu-devices-allocated` could make free cards look full.
@@ -209,10 +210,12 @@ class Mutator:
         namespace = namespace or meta.get("namespace") or "default"
         labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
         annotations_in = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
-        if rules.is_ignored(labels):
-            return allow()
-        if self.namespaces is not None and rules.is_ignored(self.namespaces.labels(namespace)):
-            return allow()
+        if rules.is_ignored(labels) or (
+            self.namespaces is not None and rules.is_ignored(self.namespaces.labels(namespace))
+        ):
+            # Opted out of the webhook's changes, not of the removal of allocation annotations: the
+            # pod's owner sets the label, and the extender counts usage from those annotations.
+            return self._strip_only(pod)
         spec = pod.get("spec")
         if not isinstance(spec, dict):
             raise InvalidRequest("spec is missing or not an object")
@@ -291,6 +294,18 @@ class Mutator:
         if quota_error:
             return deny(quota_error, warnings=warnings)
         return self._finish(pod, mutated, warnings, has_devices=True)
+
+    def _strip_only(self, pod: dict[str, Any]) -> Decision:
+        """The decision for an opted-out pod: its allocation annotations removed, nothing else."""
+        mutated = json_copy(pod)
+        ann = (mutated.get("metadata") or {}).get("annotations")
+        if not isinstance(ann, dict):
+            return allow()
+        removed = rules.strip_allocation_annotations(ann, self._protected)
+        warnings = [
+            f"removed annotation {k}: allocation annotations are written by HAMi only" for k in removed
+        ]
+        return allow(patch=diff(pod, mutated), warnings=warnings)
 
     def _asked_resources(self, spec: Mapping[str, Any]) -> str:
         """The managed resources the user wrote (before our defaults), for messages: ``nvidia.com/gpu``."""

@@ -491,7 +491,8 @@ def _cel(expression: str, activation: Mapping[str, Any]) -> bool:
     try:
         env = celpy.Environment()
         program = env.program(env.compile(expression))
-        result = program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items() if v is not None})
+        # oldObject is null, not undeclared, on CREATE (as kube-apiserver binds it).
+        result = program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
     except Exception as e:  # noqa: BLE001 - compile and evaluation errors both follow failurePolicy
         raise _CelError(f"{type(e).__name__}: {e}") from None
     if isinstance(result, Exception):

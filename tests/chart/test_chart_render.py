@@ -299,9 +299,10 @@ def test_webhook_configuration() -> None:
     assert ns["hami.io/webhook"] == {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
     assert ns["kubernetes.io/metadata.name"]["operator"] == "NotIn"
     assert {NAMESPACE, "kube-system"} <= set(ns["kubernetes.io/metadata.name"]["values"])
-    assert w["objectSelector"]["matchExpressions"] == [
-        {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
-    ]
+    # No pod-label term: a pod owner sets hami.io/webhook: ignore, and such a pod must still lose its
+    # forged allocation annotations (the matchConditions send it only while it carries one).
+    assert "objectSelector" not in w
+    assert "opted-out-pods-only-with-allocation-annotations" in [c["name"] for c in w["matchConditions"]]
     assert "caBundle" not in w["clientConfig"], "the certificate job fills it in (no CA at render time)"
     extra = render({"scheduler": {"admissionWebhook": {"whitelistNamespaces": ["monitoring"]}}})
     [w2] = extra.one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]

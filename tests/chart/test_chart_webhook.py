@@ -47,7 +47,7 @@ def policies(
     return [
         w["failurePolicy"]
         for w in webhooks
-        if selects(w["namespaceSelector"], ns) and selects(w["objectSelector"], pod_labels or {})
+        if selects(w["namespaceSelector"], ns) and selects(w.get("objectSelector") or {}, pod_labels or {})
     ]
 
 
@@ -77,7 +77,34 @@ def test_with_match_conditions_device_pods_are_guarded_everywhere_but_the_exclud
         ("team-b", {"hami.io/webhook": "ignore"}),
     ):
         assert policies(webhooks, namespace, labels) == [], namespace
-    assert policies(webhooks, "team-a", pod_labels={"hami.io/webhook": "ignore"}) == []
+    # A pod's own opt-out label is no selector term (its owner sets it): the matchConditions send such
+    # a pod only while it carries an allocation annotation, which the webhook removes or guards.
+    assert policies(webhooks, "team-a", pod_labels={"hami.io/webhook": "ignore"}) == ["Fail"]
+    by_name = {c["name"]: c["expression"] for c in webhooks[0]["matchConditions"]}
+    expr = by_name["opted-out-pods-only-with-allocation-annotations"]
+
+    def sent(labels: dict, annotations: dict, old: dict | None = None) -> bool:
+        import celpy
+
+        pod = lambda a: {"metadata": {"labels": labels, "annotations": a}}  # noqa: E731
+        env = celpy.Environment()
+        activation = {
+            "object": pod(annotations),
+            "oldObject": None if old is None else pod(old),
+            "request": {"operation": "CREATE" if old is None else "UPDATE"},
+        }
+        return bool(
+            env.program(env.compile(expr)).evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+        )
+
+    ignore = {"hami.io/webhook": "ignore"}
+    assert not sent(ignore, {}) and not sent(ignore, {"nvidia.com/use-gputype": "A100"})
+    assert sent(ignore, {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1,0:;"})
+    assert sent(ignore, {"hami.io/vgpu-node": "n1"}) and sent(ignore, {"hami.io/vgpu-mig-allocations": "[]"})
+    assert sent(ignore, {}, old={"hami.io/vgpu-devices-allocated": "x"}), "a removal on UPDATE"
+    assert sent({}, {}) and sent({"hami.io/webhook": "enabled"}, {}), (
+        "other pods: the other conditions decide"
+    )
 
 
 @pytest.mark.parametrize(

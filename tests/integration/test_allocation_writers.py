@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,9 @@ from hami.errors import ApiError, HamiError
 from hami.kube import KubeClient
 from kubefakes.apiserver import FakeApiServer
 from kubefakes.apiserver.admission import service_account_user
-from tests.chart.render import NAMESPACE, render
+from tests.builders import cards, gpu_node, gpu_pod
+from tests.chart.render import NAMESPACE, Rendered, render
+from tests.integration.extender_harness import Scheduler, create_pod, start_extender, wait_ready
 from webhook import cli
 from webhook.devcerts import make_ca, make_server_cert, write_pair
 
@@ -165,3 +169,102 @@ def test_the_admission_policy_refuses_allocation_edits_without_the_webhook(
     with pytest.raises(ApiError) as err:
         clients["owner"].patch_pod_metadata("team-a", "train", annotations={A.ASSIGNED_NODE: "n2"})
     assert err.value.status == 403
+
+
+V1_POLICY = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+OPTED_OUT = {"hami.io/webhook": "ignore"}
+FORGED = {A.ASSIGNED_NODE: "n1", A.NVIDIA_ALLOCATED: "GPU-g-0,NVIDIA,40000,100:;"}
+
+
+@contextlib.asynccontextmanager
+async def _chart_admission(api: FakeApiServer, rendered: Rendered, tmp_path: Path) -> AsyncIterator[None]:
+    """The real webhook serving the rendered chart's MutatingWebhookConfiguration (and its admission
+    policy, where the chart renders one) through the in-memory API server."""
+    for kind, resource in (
+        ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+        ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings"),
+    ):
+        for obj in rendered.find(kind):
+            api.store.create(resource, obj)
+    config = rendered.one("MutatingWebhookConfiguration", "hami-webhook")
+    container = rendered.one("Deployment", "hami-webhook")["spec"]["template"]["spec"]["containers"][0]
+    [writers] = [a for a in container["args"] if a.startswith("--allocation-writers=")]
+    ca = make_ca()
+    cert, key = write_pair(tmp_path, *make_server_cert(ca, dns_names=(f"hami-webhook.{NAMESPACE}.svc",)))
+    options = cli.parse_args(
+        ["--tls-cert-file", str(cert), "--tls-private-key-file", str(key), "--address", "127.0.0.1",
+         "--port", "0", writers],
+        env={},
+    )  # fmt: skip
+    running = await cli.start(options)
+    try:
+        for hook in config["webhooks"]:
+            hook["clientConfig"]["caBundle"] = base64.b64encode(ca.cert_pem).decode()
+        api.admission.service_endpoints[(NAMESPACE, "hami-webhook")] = ("127.0.0.1", running.port)
+        api.store.create("mutatingwebhookconfigurations", config)
+        yield
+    finally:
+        await running.stop()
+        # Gone again, so that what follows (the extender, as the admin) is not admitted.
+        api.store.delete("mutatingwebhookconfigurations", "hami-webhook")
+        for obj in rendered.find("ValidatingAdmissionPolicyBinding"):
+            api.store.delete("validatingadmissionpolicybindings", obj["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
+    ("kube", "apis"),
+    [("v1.27.0", []), ("v1.29.0", []), ("v1.30.0", [V1_POLICY])],
+    ids=["1.27", "1.29", "1.30"],
+)
+async def test_the_pod_opt_out_label_keeps_no_forged_allocation(
+    fake_apiserver: FakeApiServer, clients, tmp_path: Path, session, kube: str, apis: list[str]
+) -> None:
+    # Any pod owner may label its own pod hami.io/webhook: ignore. That opts the pod out of the
+    # webhook's changes, never out of the removal of allocation annotations: otherwise the owner
+    # creates a pod that names the HAMi scheduler with a forged hami.io/vgpu-devices-allocated, and the
+    # extender counts a card it never gave (here the whole 40000 MiB of GPU-g-0).
+    api = fake_apiserver
+    api.store.create("nodes", gpu_node("n1", cards("g", 1, mem=40000)))
+    owner = clients["owner"]
+    async with _chart_admission(api, render({}, kube_version=kube, api_versions=apis), tmp_path):
+        decoy = gpu_pod("decoy", "team-a", gpus=0, annotations=FORGED)  # asks for no device at all
+        decoy["metadata"]["labels"] = dict(OPTED_OUT)
+        await asyncio.to_thread(owner.create_pod, decoy, namespace="team-a")
+        stored = A.pod_annotations(api.store.get("pods", "decoy", namespace="team-a"))
+        assert not set(FORGED) & set(stored), stored
+        # The label still opts the pod out of everything else: no takeover of its scheduler.
+        plain = gpu_pod("plain", "team-a", scheduler="default-scheduler")
+        plain["metadata"]["labels"] = dict(OPTED_OUT)
+        calls = api.admission.calls
+        await asyncio.to_thread(owner.create_pod, plain, namespace="team-a")
+        assert (
+            api.store.get("pods", "plain", namespace="team-a")["spec"]["schedulerName"] == "default-scheduler"
+        )
+        if kube >= "v1.28":
+            assert api.admission.calls == calls  # without allocation annotations it is not even sent
+        # Adding the label later does not open the door for a change either.
+        await asyncio.to_thread(owner.create_pod, _pod(), namespace="team-a")
+        await asyncio.to_thread(_placed, clients)
+        await asyncio.to_thread(
+            owner.patch, "pods", "train", {"metadata": {"labels": OPTED_OUT}}, namespace="team-a"
+        )
+        with pytest.raises(HamiError):
+            await asyncio.to_thread(
+                owner.patch_pod_metadata,
+                "team-a",
+                "train",
+                annotations={A.NVIDIA_ALLOCATED: "GPU-a,NVIDIA,1,30:;"},
+            )
+        assert (
+            A.pod_annotations(api.store.get("pods", "train", namespace="team-a"))[A.NVIDIA_ALLOCATED]
+            == ALLOCATED
+        )
+    server = await start_extender(api)
+    try:
+        await wait_ready(server)
+        [stat] = [c for c in server.state.card_stats() if c.uuid == "GPU-g-0"]
+        assert stat.usedmem == 0, stat
+        result = await Scheduler(session, server.url).filter(create_pod(api, gpu_pod("b", mem=30000)), ["n1"])
+        assert Scheduler.chosen(result) == ["n1"], result
+    finally:
+        await server.stop()

@@ -61,7 +61,12 @@ def test_recommended_configuration() -> None:
                               "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
     ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
     assert ignore in hook["namespaceSelector"]["matchExpressions"]
-    assert ignore in hook["objectSelector"]["matchExpressions"]
+    # The pod's own opt-out label is no selector term (its owner sets it); a condition narrows it instead.
+    assert "objectSelector" not in hook
+    assert [c["name"] for c in hook["matchConditions"]] == [
+        "device-pods-and-hami-annotations",
+        "opted-out-pods-only-with-allocation-annotations",
+    ]
     # The path the configuration points at is one the app serves.
     paths = {r.resource.canonical for r in make_app(Mutator([])).router.routes() if r.method == "POST"}
     assert hook["clientConfig"]["service"]["path"] in paths
