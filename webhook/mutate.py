@@ -1,8 +1,9 @@
 """The admission decision for one pod: the orchestration of hami-legacy-spec §2.1 with the issue's rules.
 
 Order of the steps, and why:
-1. CREATE of core/v1 pods (no sub-resource) is reviewed as below; an UPDATE only for who changes an
-   allocation annotation (`Mutator.review_update`); anything else is allowed unchanged, except
+1. CREATE of core/v1 pods (no sub-resource) is reviewed as below; an UPDATE of the pod or of its
+   status (which writes annotations too) only for who changes an allocation annotation
+   (`Mutator.review_update`); anything else is allowed unchanged, except
    another kind, which is a configuration mistake and is denied with a message saying so.
 2. `hami.io/webhook: ignore` as a label of the pod or of its namespace: only step 3 applies, the pod
    is otherwise allowed unchanged (the owner sets the label, so it opts out of the webhook's changes,
@@ -155,7 +156,8 @@ class Mutator:
                 code=400,
                 reason="BadRequest",
             )
-        if request.operation == "UPDATE" and not request.sub_resource:
+        if request.operation == "UPDATE" and request.sub_resource in ("", "status"):
+            # pods/status writes labels and annotations too: kube-apiserver keeps only the spec there.
             return self.review_update(request)
         if request.operation != "CREATE" or request.sub_resource:
             return allow()

@@ -77,8 +77,14 @@ def test_the_policy_guards_every_key_the_webhook_protects() -> None:
         "ValidatingAdmissionPolicy", "hami-allocations"
     )["spec"]
     assert spec["failurePolicy"] == "Fail"
+    # pods/status too: it writes labels and annotations (kube-apiserver keeps only the spec there).
     assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["pods", "pods/status"],
+        }
     ]
     [cond] = spec["matchConditions"]
     assert not _evaluate(cond["expression"], {}, {}, WRITERS[0])
@@ -121,3 +127,28 @@ def test_the_webhook_is_not_called_for_hamis_own_updates() -> None:
 
     assert not sent("UPDATE", WRITERS[0]) and not sent("UPDATE", WRITERS[1])
     assert sent("UPDATE", "alice") and sent("CREATE", WRITERS[0])
+    # pods/status is guarded too, and an UPDATE is sent only when it changes an allocation annotation:
+    # the kubelet's status updates never wait for the webhook.
+    assert hook["rules"][1] == {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                "resources": ["pods/status"], "scope": "Namespaced"}  # fmt: skip
+    changes = by_name["updates-that-change-allocation-annotations"]
+
+    def changed(new: dict | None, old: dict | None, operation: str = "UPDATE") -> bool:
+        import celpy
+
+        pod = lambda a: {"metadata": {} if a is None else {"annotations": a}}  # noqa: E731
+        activation = {"object": pod(new), "oldObject": pod(old), "request": {"operation": operation}}
+        env = celpy.Environment()
+        return bool(
+            env.program(env.compile(changes)).evaluate(
+                {k: celpy.json_to_cel(v) for k, v in activation.items()}
+            )
+        )
+
+    alloc, team = "hami.io/vgpu-devices-allocated", {"team": "a"}
+    assert (
+        not changed({alloc: "x", **team}, {alloc: "x"}) and not changed(team, {}) and not changed(None, None)
+    )
+    assert changed({alloc: "y"}, {alloc: "x"}) and changed({alloc: "x"}, None) and changed(team, {alloc: "x"})
+    assert changed(None, {alloc: "x"}) and changed({"hami.io/bind-phase": "allocating"}, {})
+    assert changed(team, team, operation="CREATE")

@@ -294,7 +294,9 @@ def test_webhook_configuration() -> None:
     assert w["admissionReviewVersions"] == ["v1", "v1beta1"]
     assert w["sideEffects"] == "None" and w["failurePolicy"] == "Fail"
     assert w["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
-                           "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
+                           "resources": ["pods"], "scope": "Namespaced"},
+                          {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["pods/status"], "scope": "Namespaced"}]  # fmt: skip
     ns = {e["key"]: e for e in w["namespaceSelector"]["matchExpressions"]}
     assert ns["hami.io/webhook"] == {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
     assert ns["kubernetes.io/metadata.name"]["operator"] == "NotIn"

@@ -268,3 +268,35 @@ async def test_the_pod_opt_out_label_keeps_no_forged_allocation(
         assert Scheduler.chosen(result) == ["n1"], result
     finally:
         await server.stop()
+
+
+@pytest.mark.parametrize(("kube", "apis"), [("v1.29.0", []), ("v1.30.0", [V1_POLICY])], ids=["1.29", "1.30"])
+async def test_the_status_subresource_is_no_way_around_the_guard(
+    fake_apiserver: FakeApiServer, clients, tmp_path: Path, kube: str, apis: list[str]
+) -> None:
+    # pods/status writes the pod's labels and annotations too (kube-apiserver's podStatusStrategy keeps
+    # only the spec): a user who may update it, as some controllers and operators are allowed to, must
+    # not rewrite an allocation there either. The kubelet's own status updates pass, and on 1.28+ are
+    # not sent to the webhook at all.
+    api = fake_apiserver
+    node_user = {"username": "system:node:n1", "groups": ["system:nodes", "system:authenticated"]}
+    kubelet = _client(api, node_user, tmp_path / "kubelet")
+    try:
+        async with _chart_admission(api, render({}, kube_version=kube, api_versions=apis), tmp_path):
+            await asyncio.to_thread(clients["owner"].create_pod, _pod(), namespace="team-a")
+            await asyncio.to_thread(_placed, clients)
+            for change in ({A.NVIDIA_ALLOCATED: "GPU-a,NVIDIA,1,30:;"}, {A.NVIDIA_ALLOCATED: None}):
+                with pytest.raises(HamiError) as err:
+                    await asyncio.to_thread(
+                        clients["owner"].patch, "pods", "train", {"metadata": {"annotations": change}},
+                        namespace="team-a", subresource="status",
+                    )  # fmt: skip
+                assert "allocation annotations" in str(err.value), str(err.value)
+            stored = A.pod_annotations(api.store.get("pods", "train", namespace="team-a"))
+            assert stored[A.NVIDIA_ALLOCATED] == ALLOCATED
+            calls = api.admission.calls
+            await asyncio.to_thread(kubelet.patch_pod_status, "team-a", "train", {"phase": "Running"})
+            assert api.store.get("pods", "train", namespace="team-a")["status"]["phase"] == "Running"
+            assert api.admission.calls == calls
+    finally:
+        kubelet.close()
