@@ -210,6 +210,21 @@ class LockHolder:
                 f"pod {ref}: {ann.NVIDIA_ALLOCATED}={annos.get(ann.NVIDIA_ALLOCATED)!r} is not what the scheduler "
                 "decided for it (changed after Bind)"
             )
+        if ann.MIG_ALLOCATIONS in stamp.digests:
+            # The reservations name the MIG instance made (profile, placement); the runtime identity
+            # this plugin adds to them is no change.
+            value = annos.get(ann.MIG_ALLOCATIONS)
+            try:
+                decided = value is not None and stamp.matches(
+                    ann.MIG_ALLOCATIONS, ann.mig_reservations(value)
+                )
+            except AnnotationError:
+                decided = False
+            if not decided:
+                return (
+                    f"pod {ref}: {ann.MIG_ALLOCATIONS}={value!r} is not what the scheduler decided for it "
+                    "(changed after Bind)"
+                )
         return None
 
     async def _other_pod_in_flight(self, holder: dict) -> tuple[str | None, frozenset[str]]:

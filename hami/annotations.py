@@ -299,6 +299,16 @@ def encode_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
     return _go_json([a.to_json() for a in allocations])
 
 
+def mig_reservations(value: str) -> str:
+    """``hami.io/vgpu-mig-allocations`` without the runtime fields the device plugin adds at Allocate:
+    what the scheduler decided, in the scheduler's encoding (what the node lock's stamp digests).
+    Raises AnnotationError as `decode_mig_allocations`."""
+    return encode_mig_allocations(
+        [MigAllocation(a.container_index, a.device_index, a.gpu_uuid, a.profile, a.placement)
+         for a in decode_mig_allocations(value)]
+    )  # fmt: skip
+
+
 def mig_allocations_of(containers: Sequence[Sequence[ContainerDevice]]) -> list[MigAllocation]:
     """The reservations of a pod's device lists (one list per container, init first): one entry per
     device with a MIG instance decided, in container then device order (HAMi's EncodeMigAllocations)."""

@@ -78,7 +78,9 @@ class FilterOutcome:
 def _shares(devices: PodDevices) -> dict[str, list[list[tuple[str, int, int]]]]:
     """The cards and shares of device lists (what a decision fixes; MIG runtime fields the device
     plugin adds later are no change)."""
-    return {v: [[(d.uuid, d.usedmem, d.usedcores) for d in c] for c in lst] for v, lst in devices.items() if lst}
+    return {
+        v: [[(d.uuid, d.usedmem, d.usedcores) for d in c] for c in lst] for v, lst in devices.items() if lst
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +160,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         )
         # Vendors whose inventory is node capacity or labels (Cambricon, AWS Neuron, ...): their
         # entries are part of what a node's devices were parsed from.
-        self._capacity_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys))
+        self._capacity_keys = tuple(
+            dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys)
+        )
         self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
         # Every node's prefilter verdict per demand; the nodes tell it when they change (`_Node.touch`).
         self._verdicts = VerdictIndex()
@@ -426,9 +430,10 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             return None if d is None else (d.node, d.devices)
 
     def decided_allocations(self, uid: str) -> dict[str, str]:
-        """The allocated-list annotations (key -> value) of this process's decision for pod `uid`, for
-        the vendors whose device plugin the node lock serves (`Vendor.uses_node_lock`) and whose value
-        does not depend on the filter's context; {} without a decision. What the node lock's
+        """The stamped allocation annotations (`Vendor.stamped_keys`: key -> value) of this process's
+        decision for pod `uid`, for the vendors whose device plugin the node lock serves
+        (`Vendor.uses_node_lock`) and whose value does not depend on the filter's context; {} without a
+        decision. What the node lock's
         allocation stamp (`hami.annotations.encode_allocation_stamp`) digests."""
         decided = self.decision(uid)
         if decided is None:
@@ -439,11 +444,10 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             if v is None or not v.uses_node_lock:
                 continue
             try:
-                value = v.allocation_annotations(lists).get(v.allocated_key)
+                written = v.allocation_annotations(lists)
             except Exception:  # noqa: BLE001 - a vendor whose lists need the filter's context: not stamped
                 continue
-            if value is not None:
-                out[v.allocated_key] = value
+            out.update({k: written[k] for k in v.stamped_keys if k in written})
         return out
 
     def remove_pod(self, uid: str) -> bool:
@@ -588,7 +592,14 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             scorers = [self.vendors[v] for v in wanted if self.vendors[v].scores_nodes]
             if scorers:
                 chosen, fit = self._best_by_vendor_scores(
-                    chosen, fit, order.entries(), containers, selections, policy, quota, scorers,
+                    chosen,
+                    fit,
+                    order.entries(),
+                    containers,
+                    selections,
+                    policy,
+                    quota,
+                    scorers,
                     failed if explain else None,
                 )
             if log.isEnabledFor(logging.DEBUG):
@@ -709,7 +720,12 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                 for n in prefilter(self._nodes, node_names, needs, out.failed_nodes):
                     view = self._held_view(n, uid, prio) if self._holds else n.view()
                     fit = fit_pod(
-                        containers, view, vendors=self.vendors, selections=selections, policy=policy, quota=quota
+                        containers,
+                        view,
+                        vendors=self.vendors,
+                        selections=selections,
+                        policy=policy,
+                        quota=quota,
                     )
                     if fit.ok:
                         fits.add(n.name)

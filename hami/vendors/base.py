@@ -102,6 +102,10 @@ class Vendor(Protocol):
     allocated_key: str
     #: Whether bind takes the shared `hami.io/mutex.lock` for pods using this vendor.
     uses_node_lock: bool
+    #: The allocation annotations the node lock's stamp digests (`hami.annotations.AllocationStamp`):
+    #: what the device plugin serves from and never changes, or changes only by adding fields the
+    #: digest leaves out (NVIDIA's MIG reservations get their runtime identity at Allocate).
+    stamped_keys: tuple[str, ...]
     #: Node annotations, `status.capacity` entries and labels the inventory reads: a node event that
     #: changes none of them (lock or handshake writes) does not re-parse the node.
     node_annotation_keys: tuple[str, ...]
@@ -293,6 +297,10 @@ class VendorBase:
 
     def allocation_keys(self) -> tuple[str, ...]:
         return tuple(k for k in (self.to_allocate_key, self.allocated_key) if k)
+
+    @property
+    def stamped_keys(self) -> tuple[str, ...]:
+        return (self.allocated_key,) if self.allocated_key else ()
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return Selection()

@@ -223,6 +223,9 @@ class NvidiaVendor(VendorBase):
     to_allocate_key: str | None = A.NVIDIA_TO_ALLOCATE
     allocated_key = A.NVIDIA_ALLOCATED
     uses_node_lock = True
+    #: The MIG reservations decide the instance the device plugin makes (profile and placement), and
+    #: the device list does not name them.
+    stamped_keys = (A.NVIDIA_ALLOCATED, A.MIG_ALLOCATIONS)
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()

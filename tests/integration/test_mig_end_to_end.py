@@ -243,6 +243,34 @@ async def test_a_reservation_that_cannot_be_made_fails_the_pod_and_leaves_nothin
     assert annos(api, "mig-f")[A.BIND_PHASE] == "failed"
 
 
+async def test_a_rewritten_mig_reservation_is_not_served(cluster, session):
+    # The extender decided a 2g.10gb instance at placement 0; between Bind and Allocate the owner (where
+    # nothing refused the write) rewrites hami.io/vgpu-mig-allocations to the whole card, 7g.40gb. The
+    # device list still says 9984 MiB, but the instance the plugin makes is what the reservation names:
+    # it must be the one the lock's stamp digests, so nothing is made and the pod is refused.
+    api, nv, plugin, kubelet, extender = cluster
+    card = nv.gpus[0].uuid
+    sched = Scheduler(session, extender.url)
+    pod = await schedule(api, sched, "mig-x")
+    forged = (
+        f'[{{"containerIndex":0,"deviceIndex":0,"gpuUUID":"{card}","profile":"7g.40gb",'
+        '"placement":{"start":0,"size":8}}]'
+    )
+    api.store.patch(
+        "pods", "mig-x", {"metadata": {"annotations": {A.MIG_ALLOCATIONS: forged}}}, namespace="default"
+    )
+    with pytest.raises(AdmissionError, match="not what the scheduler decided"):
+        await kubelet.admit_pod(api.store.get("pods", "mig-x", namespace="default"), RESOURCE)
+    assert nv.instances(0) == []
+    assert annos(api, "mig-x")[A.BIND_PHASE] == "failed"
+    # The stamp holds only the reservation: the runtime identity the plugin adds is no change.
+    pod = await schedule(api, sched, "mig-y")
+    [decided] = A.decode_mig_allocations(annos(api, "mig-y")[A.MIG_ALLOCATIONS])
+    await kubelet.admit_pod(pod, RESOURCE)
+    assert [(i[0], i[1]) for i in nv.instances(0)] == [(decided.profile, decided.placement.start)]
+    assert annos(api, "mig-y")[A.BIND_PHASE] == "success"
+
+
 def test_hami_simulate_replays_mig_cards(tmp_path):
     """The simulator runs the same core: one card of seven 1g placements takes seven 1g pods, not eight,
     and writes the reservations HAMi writes."""
