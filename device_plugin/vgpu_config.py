@@ -16,8 +16,10 @@ limited, whatever its environment, and so that the containers of one card share 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,10 +159,20 @@ def prepare(vgpu_dir: Path, cache_dir: Path, envs: Mapping[str, str], cards: Seq
     """
     text = render(envs, priority=container_priority(container))
     host_cfg = Path(cache_dir) / CONFIG_NAME
-    tmp = host_cfg.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o444)
-    os.replace(tmp, host_cfg)  # a reader never sees half a file
+    # The directory is the container's, writable from inside it, and kept when the container is
+    # served again after a reboot: a fixed temporary name there could be the tenant's link to a host
+    # file. mkstemp creates a new file (O_EXCL, never through a link); the rename replaces a link
+    # named vgpu.config itself, not its target.
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{CONFIG_NAME}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o444)
+            f.write(text)
+        os.replace(tmp, host_cfg)  # a reader never sees half a file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     mounts = [MountSpec(str(Path(vgpu_dir) / CONFIG_NAME), str(host_cfg), True)]
     cdir = card_dir(vgpu_dir)
     cdir.mkdir(parents=True, exist_ok=True)

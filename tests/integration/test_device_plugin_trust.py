@@ -217,3 +217,32 @@ async def test_after_a_reboot_the_record_is_served_not_the_rewritten_annotations
     reboot(kubelet, apiserver, boot_id="boot-3")
     _ids, resp = await kubelet.admit_container(RESOURCE, 1)
     assert env_of(resp)["NVIDIA_VISIBLE_DEVICES"] == A
+
+
+async def test_a_tenants_links_in_its_kept_directory_are_not_followed_after_a_reboot(
+    apiserver, kube, kubelet, plugin, hook
+) -> None:
+    # The container's host directory is writable from inside it, and a re-admission after a reboot
+    # keeps it. A tenant that left a link there where the plugin writes vgpu.config (its temporary
+    # name, or the name itself) must not make the plugin (root, with the node's hook directory
+    # mounted) write or chmod the link's target: here the node's ld.so.preload, which every GPU
+    # container loads libvgpu through.
+    import os
+    import stat
+
+    from tests.integration.test_device_plugin_allocator import reboot
+
+    _victim, cache = await _served_victim(apiserver, kube, kubelet, hook)
+    preload = hook / "vgpu" / "ld.so.preload"
+    before, mode = preload.read_text(), stat.S_IMODE(preload.stat().st_mode)
+    for name in ("vgpu.tmp", "vgpu.config"):
+        path = cache / name
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        os.symlink(preload, path)
+    reboot(kubelet, apiserver)
+    _ids, resp = await kubelet.admit_container(RESOURCE, 1)
+    assert env_of(resp)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert preload.read_text() == before and stat.S_IMODE(preload.stat().st_mode) == mode
+    config = cache / "vgpu.config"
+    assert not config.is_symlink() and "CUDA_DEVICE_MEMORY_LIMIT_0=1000m" in config.read_text()
