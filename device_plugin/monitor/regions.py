@@ -25,6 +25,7 @@ disagree with the layout, or changes size while it is read raises `RegionError` 
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Protocol
@@ -185,12 +186,18 @@ def read_region_fd(fd: int, alive: Liveness) -> RegionReading:
 
 
 def read_region(path: str | os.PathLike[str], alive: Liveness) -> RegionReading:
-    """`read_region_fd` on the file at `path` (opened read-only, closed again)."""
+    """`read_region_fd` on the regular file at `path` (opened read-only, closed again).
+
+    The directory is the tenant's, who may swap a link or a FIFO in after the scan listed it: a link is
+    not followed, a FIFO's open does not wait for a writer, and neither is read (``io_error``).
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
         raise RegionError(IO_ERROR, f"cannot open: {e.strerror or e}") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RegionError(IO_ERROR, "not a regular file")
         return read_region_fd(fd, alive)
     finally:
         os.close(fd)

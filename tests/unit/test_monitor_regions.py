@@ -317,3 +317,35 @@ def test_fuzz_wrong_magic(tmp_path, magic, which):
     buf = bytearray(_VALID[which])
     struct.pack_into("<I", buf, 0, magic)
     assert _read_or_reason(put(tmp_path, bytes(buf))) == regions.BAD_MAGIC
+
+
+def test_a_fifo_or_a_link_swapped_in_after_the_listing_is_refused_without_blocking(tmp_path):
+    # The container's directory is the tenant's: between the scan's listing (regular files only) and
+    # the open, the tenant can rename a FIFO or a link over its region file. A FIFO opened for reading
+    # waits for a writer that never comes (the scan thread, and every metric of the node, with it); a
+    # link points the monitor at a file that is not the tenant's.
+    import threading
+
+    good = put(tmp_path, libvgpu_bytes([VDev(UUID0, limit=MIB)], [VSlot(1, used=[MIB])]))
+    fifo = tmp_path / "fifo.cache"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.cache"
+    os.symlink(good, link)
+    for path in (fifo, link):
+        outcome: list[object] = []
+
+        def read(path: Path = path, outcome: list[object] = outcome) -> None:
+            try:
+                outcome.append(read_region(path, Alive({1})))
+            except RegionError as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(5)
+        if t.is_alive():  # release the blocked open before failing
+            with open(fifo, "wb"):
+                pass
+            t.join(5)
+        assert outcome and isinstance(outcome[0], RegionError), (path.name, outcome)
+        assert outcome[0].reason == regions.IO_ERROR
