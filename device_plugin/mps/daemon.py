@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +95,7 @@ class MpsDaemon:
             with contextlib.suppress(PermissionError):
                 os.chmod(d, 0o777)  # noqa: S103 - container users connect to the pipe and write client logs
         # In the foreground the daemon may write its messages to the terminal: keep them beside its log.
-        with open(self.log_dir / "daemon.out", "ab") as out:
+        with _own_file(self.log_dir / "daemon.out") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 self.control, "-f", env=self.env(), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
             )  # fmt: skip
@@ -158,3 +161,20 @@ class MpsDaemons:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+
+
+def _own_file(path: Path) -> IO[bytes]:
+    """`path` opened for appending as a regular file of ours, never through a link or a FIFO: the log
+    directory is mounted read-write into the card's containers, so a tenant may have left one there
+    (to make root append to its target, or block on it)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return os.fdopen(fd, "ab")
+        os.close(fd)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO):
+            raise
+    path.unlink()  # the link or FIFO itself, not its target
+    return os.fdopen(os.open(path, flags | os.O_EXCL, 0o644), "ab")

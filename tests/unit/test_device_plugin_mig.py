@@ -305,3 +305,32 @@ async def test_mps_daemon_is_started_per_card_restarted_when_it_dies_and_quit_at
     await asyncio.wait_for(task, 5)
     assert d.proc.returncode == 0  # it quit when asked through its pipe, it was not killed
     assert not (d.pipe_dir / "control").exists()
+
+
+async def test_mps_daemon_output_never_goes_through_a_tenants_link(tmp_path):
+    # The card's log directory is mounted read-write into its containers: a tenant can leave a link at
+    # daemon.out, and the plugin (root) opens that file again whenever it starts the daemon.
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(
+        f"#!{sys.executable}\nimport sys, time\nprint('daemon says hello', flush=True)\ntime.sleep(30)\n"
+    )
+    control.chmod(0o755)
+    d = MpsDaemon("GPU-a", tmp_path / "mps", control=str(control), backoff_s=(0.05, 0.1))
+    d.log_dir.mkdir(parents=True)
+    victim = tmp_path / "ld.so.preload"
+    victim.write_text("/usr/local/vgpu/libvgpu.so\n")
+    (d.log_dir / "daemon.out").symlink_to(victim)
+    task = asyncio.create_task(d.run())
+    try:
+        for _ in range(250):
+            out = d.log_dir / "daemon.out"
+            if not out.is_symlink() and out.exists() and "hello" in out.read_text():
+                break
+            await asyncio.sleep(0.02)
+        assert victim.read_text() == "/usr/local/vgpu/libvgpu.so\n"
+        assert not (d.log_dir / "daemon.out").is_symlink()
+        assert "daemon says hello" in (d.log_dir / "daemon.out").read_text()
+    finally:
+        d.proc.kill()
+        await d.stop()
+        await asyncio.wait_for(task, 5)
