@@ -80,13 +80,20 @@ class Webhook:
         return str(self.spec.get("name", ""))
 
 
-def service_account_user(namespace: str, name: str) -> dict[str, Any]:
-    """The userInfo kube-apiserver gives a service account's token."""
-    return {
+def service_account_user(namespace: str, name: str, *, node: str | None = None) -> dict[str, Any]:
+    """The userInfo kube-apiserver gives a service account's token; with `node`, a pod's bound token
+    on that node, whose ``extra`` names the node (kube-apiserver 1.30+, ServiceAccountTokenPodNodeInfo)."""
+    user: dict[str, Any] = {
         "username": f"system:serviceaccount:{namespace}:{name}",
         "uid": str(uuid.uuid4()),
         "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"],
     }
+    if node is not None:
+        user["extra"] = {
+            "authentication.kubernetes.io/node-name": [node],
+            "authentication.kubernetes.io/node-uid": [str(uuid.uuid5(uuid.NAMESPACE_DNS, node))],
+        }
+    return user
 
 
 def _label_selector_matches(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
@@ -308,7 +315,7 @@ class Admission:
             "name": name,
             "namespace": namespace,
             "operation": operation,
-            "userInfo": {k: user[k] for k in ("username", "uid", "groups") if k in user},
+            "userInfo": {k: user[k] for k in ("username", "uid", "groups", "extra") if k in user},
             "object": with_type(info, obj),
             "oldObject": with_type(info, old) if old is not None else None,
             "dryRun": dry_run,
@@ -381,7 +388,14 @@ def _request_vars(
 ) -> dict[str, Any]:
     """CEL's ``request`` of a matchCondition or a policy expression."""
     return {
-        "userInfo": {k: user[k] for k in ("username", "uid", "groups") if k in user},
+        # Every field present, as kube-apiserver binds them (an empty `extra` is {}, not absent).
+        "userInfo": {
+            "username": "",
+            "uid": "",
+            "groups": [],
+            "extra": {},
+            **{k: user[k] for k in ("username", "uid", "groups", "extra") if k in user},
+        },
         "operation": operation,
         "namespace": namespace,
         "name": name,

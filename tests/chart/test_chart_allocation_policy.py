@@ -40,11 +40,14 @@ def test_policy_where_the_api_server_has_it_else_the_webhook(kube, apis, policy,
     )
     assert [h["rules"][0]["operations"] for h in hooks] == [operations] * len(hooks)
     found = r.find("ValidatingAdmissionPolicy")
-    assert [p["apiVersion"] for p in found] == ([policy] if policy else [])
-    if policy:
-        binding = r.one("ValidatingAdmissionPolicyBinding", "hami-allocations")
+    # The allocation guard, and the device plugin's token held to its own node.
+    assert [(p["metadata"]["name"], p["apiVersion"]) for p in found] == (
+        [("hami-allocations", policy), ("hami-node-agents", policy)] if policy else []
+    )
+    for name in ("hami-allocations", "hami-node-agents") if policy else ():
+        binding = r.one("ValidatingAdmissionPolicyBinding", name)
         assert binding["apiVersion"] == policy
-        assert binding["spec"] == {"policyName": "hami-allocations", "validationActions": ["Deny"]}
+        assert binding["spec"] == {"policyName": name, "validationActions": ["Deny"]}
     args = r.one("Deployment", "hami-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--allocation-writers={','.join(WRITERS)}" in args
 

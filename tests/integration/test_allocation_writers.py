@@ -300,3 +300,55 @@ async def test_the_status_subresource_is_no_way_around_the_guard(
             assert api.admission.calls == calls
     finally:
         kubelet.close()
+
+
+async def test_a_nodes_device_plugin_token_writes_only_that_node_and_its_pods(
+    fake_apiserver: FakeApiServer, clients, tmp_path: Path
+) -> None:
+    # The device plugin's service account may patch Nodes and pods cluster-wide (its ClusterRole), and
+    # it is an allocation writer. Root on one node can read its pod's token: that must not let it
+    # rewrite another node's registration (here: claim 400000 MiB on n2's card, so the scheduler
+    # overcommits it) or the allocation of a pod bound to another node.
+    api = fake_apiserver
+    for name in ("n1", "n2"):
+        api.store.create("nodes", gpu_node(name, cards(name, 1, mem=40000)))
+    for name, node in (("on-n1", "n1"), ("on-n2", "n2")):
+        pod = gpu_pod(name, "team-a", mem=1000)
+        pod["spec"]["nodeName"] = node
+        api.store.create("pods", pod)
+    plugin_n1 = _client(
+        api, service_account_user(NAMESPACE, "hami-device-plugin", node="n1"), tmp_path / "dp1"
+    )
+    rendered = render({}, kube_version="v1.30.0", api_versions=[V1_POLICY])
+    forged = A.encode_node_devices_json([gpu_node_card("n2", mem=400000)])
+    try:
+        async with _chart_admission(api, rendered, tmp_path):
+            with pytest.raises(ApiError) as err:
+                await asyncio.to_thread(
+                    plugin_n1.patch, "nodes", "n2", {"metadata": {"annotations": {A.NVIDIA_REGISTER: forged}}}
+                )
+            assert err.value.status == 403 and "only the Node it runs on" in str(err.value)
+            with pytest.raises(ApiError) as err:
+                await asyncio.to_thread(
+                    plugin_n1.patch_pod_metadata, "team-a", "on-n2", annotations={A.BIND_PHASE: "success"}
+                )
+            assert err.value.status == 403 and "bound to the Node it runs on" in str(err.value)
+            # Its own node and the pods bound there it writes as before.
+            own = A.encode_node_devices_json([gpu_node_card("n1", mem=40000)])
+            await asyncio.to_thread(
+                plugin_n1.patch, "nodes", "n1", {"metadata": {"annotations": {A.NVIDIA_REGISTER: own}}}
+            )
+            await asyncio.to_thread(
+                plugin_n1.patch_pod_metadata, "team-a", "on-n1", annotations={A.BIND_PHASE: "success"}
+            )
+        assert A.pod_annotations(api.store.get("nodes", "n2"))[A.NVIDIA_REGISTER] != forged
+        assert (
+            A.pod_annotations(api.store.get("pods", "on-n1", namespace="team-a"))[A.BIND_PHASE] == "success"
+        )
+    finally:
+        plugin_n1.close()
+
+
+def gpu_node_card(node: str, *, mem: int):  # noqa: ANN201 - a Device
+    [card] = cards(node, 1, mem=mem)
+    return card
