@@ -190,6 +190,8 @@ class ClusterState(ClusterQueries, PolicyScoring):
             n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
             n.source, n.problem = source, unusable
             self._recount_node(n)
+            # the learned shapes' demand is measured on the fleet's most common card
+            self.fragmentation.note_cards(n.by_uuid.values())
         return unusable
 
     def remove_node(self, name: str) -> None:

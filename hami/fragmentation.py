@@ -2,24 +2,40 @@
 workload, learned online, and the increase a placement causes (pure; no I/O, no clock).
 
 The measure is the one of the FGD paper (Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing
-Workloads with Fragmentation Gradient Descent", USENIX ATC '23), restated for HAMi's sharing model:
+Workloads with Fragmentation Gradient Descent", USENIX ATC '23): the fragmentation of a node for a task
+is the node's unallocated GPU capacity that the task cannot use, and the expected fragmentation is its
+mean over the workload's tasks. The paper counts one GPU dimension (its tasks ask for a share of a
+card's compute, memory following). HAMi binds a card by three: cores (percent), memory (MiB) and
+sharer slots, and a request states any of them (`nvidia.com/gpumem` alone is the most common), so the
+measure counts each dimension a request takes, restated for HAMi's sharing model:
 
 - a workload is a distribution over request *shapes* `Shape` (cards per container, memory per card in
-  MiB or percent, cores percent per card, allowed models), each with a popularity `p_m`;
+  MiB or percent, cores percent per card, allowed models, the pod's CPU), each with a popularity `p_m`;
 - a card *serves* a shape when HAMi's per-card fit would let one container of that shape onto it now:
   healthy, a free slot, the model allowed, free memory >= the shape's MiB on that card, and the core rule
   of `hami.fit.core_reason` (free cores, a 100 % request needs an idle 100 % card);
-- a card's free compute `r_g` is ``(devcore - usedcores) / 100`` cards;
-- the fragmentation of node n for shape m is the free compute no container of m can use:
-  ``F_n(m) = sum_g [not serves(g, m)] r_g``, plus, when fewer than `nums` cards serve m (the shape
-  cannot run on n at all), the free compute of the cards that do serve it: then every free card share
-  of the node is a fragment for m (the paper's case "the task cannot be placed on the node");
+- a card's *share taken* is the largest of its used cores / devcore, used MiB / devmem and used slots /
+  count (what binds it: a card whose memory is full takes no pod, whatever its cores), and its free
+  capacity `c_g` is 1 minus that, in cards (`free_capacity`);
+- for a shape m, card g could still take `k_g(m)` containers (`containers_on`: free slots, free MiB,
+  free cores), which would raise its share taken by `u_g(m)` (`capacity_used`, at most `c_g`): each
+  dimension moves by what the containers take of it, and the card's share is the largest again;
+- the fragmentation of node n for m is the free capacity that containers of m could not take if only m
+  arrived: ``F_n(m) = sum_g c_g - U x min(1, c_m nums_m / K)``, with ``K = sum_g k_g(m)``,
+  ``U = sum_g u_g(m)`` and ``c_m = min(floor(K / nums_m), floor(cpu_free / cpu_m))`` the pods of m the
+  node can run (cards and kube-scheduler's CPU fit); when the node cannot run m at all, all of its free
+  capacity is a fragment for m (the paper's case "the task cannot be placed on the node");
 - the expected fragmentation is ``F_n(M) = sum_m p_m F_n(m)`` (in cards), and a placement is scored by
   ``F_n(M)`` after minus before: the smaller (most negative) the better.
 
-The sums split into per-card terms (`phi_g = r_g sum_m p_m [not serves(g, m)]`) and, for multi-card
-shapes only, a node term that needs the count of serving cards. Per-card terms are memoised by card
-state (model, capacity, usage), which repeats across a fleet, so a node's figure is a few dict lookups.
+For shares that state cores and memory alike (the paper's tasks) the share taken is the compute share
+and the measure is the paper's, with the residue a share leaves counted (a card with 0.9 free takes one
+0.5 share and the other 0.4 is lost to that shape); for a memory-only request it is the memory.
+Capacity figures are kept in multiples of 2**-30 cards (rounded to the nearest), so that their sums are exact in
+any order: nodes in the same state have the same figures bit for bit, whatever the order of their cards.
+
+Per-card terms are memoised by card state (model, capacity, usage), which repeats across a fleet, so a
+node's figure is a few dict lookups.
 
 The distribution is learned from the pods the scheduler sees (`WorkloadHistogram`: exponentially
 decaying counts with a prior that fades), kept only in memory; a restarted scheduler relearns it from
@@ -30,81 +46,54 @@ learned distribution has drifted (total variation distance), so memoised terms s
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-from hami import objects, pods
-from hami.errors import InvalidRequest
 from hami.fit import core_reason
-from hami.model import PERCENTAGE_UNSET, ContainerRequest, Device, DeviceUsage, Selection
-from hami.pods import ContainerKind, ContainerSpec
-from hami.quantity import parse_quantity
+from hami.fragmentation_workload import (
+    DEFAULT_PRIOR,
+    Shape,
+    WorkloadHistogram,
+    node_cpu_milli,
+    pod_cpu_milli,
+    pod_shapes,
+    shape_of,
+    total_variation,
+)
+from hami.model import Device, DeviceUsage
+
+__all__ = [
+    "DEFAULT_PRIOR",
+    "FragmentationModel",
+    "Shape",
+    "WorkloadHistogram",
+    "capacity_used",
+    "card_of_state",
+    "card_state",
+    "containers_on",
+    "free_capacity",
+    "node_cpu_milli",
+    "node_fragmentation",
+    "packed_fragmentation",
+    "pod_cpu_milli",
+    "pod_delta",
+    "pod_shapes",
+    "serves",
+    "shape_of",
+    "total_variation",
+    "usage_of",
+]
 
 _ZERO = DeviceUsage()
 
-
-class Shape(NamedTuple):
-    """One container's per-card request for one vendor, as the fragmentation measure sees it.
-
-    `nums` cards; per card `mem` MiB (> 0) or else `pct` percent of the card's memory (100 when the
-    request gives neither: the whole card's memory, HAMi's default); `cores` percent (clamped to 100);
-    `types` lower-case substrings of allowed card types (``nvidia.com/use-gputype``), () for any;
-    `cpu` the pod's CPU request in millicores (kube-scheduler's fit: a node without that much free CPU
-    cannot run the shape, so all its free card compute is a fragment for it), 0 when not known.
-    """
-
-    nums: int
-    mem: int
-    pct: int
-    cores: int
-    types: tuple[str, ...] = ()
-    cpu: int = 0
-
-    def mem_on(self, devmem: int) -> int:
-        """MiB this shape takes on a card of `devmem` MiB (`ContainerRequest.memory_on`'s rule)."""
-        return self.mem if self.mem > 0 else devmem * self.pct // 100
+#: Capacity figures are multiples of 1 / GRAIN cards (rounded to the nearest): sums of them are exact
+#: in any order (30 bits of fraction leave 23 bits for whole cards, far above a node's or a fleet's).
+GRAIN = float(1 << 30)
 
 
-def shape_of(req: ContainerRequest, selection: Selection | None = None, cpu: int = 0) -> Shape:
-    """The `Shape` of one container request, its vendor's selection (use-types only) and the pod's CPU
-    request (millicores)."""
-    pct = 0
-    if req.memreq <= 0:
-        pct = req.mem_percentage if req.mem_percentage != PERCENTAGE_UNSET else 100
-    types = tuple(sorted(t.lower() for t in selection.use_types)) if selection is not None else ()
-    return Shape(max(1, req.nums), max(0, req.memreq), pct, min(max(req.coresreq, 0), 100), types, max(0, cpu))
-
-
-def _millicores(value: object) -> int:
-    try:
-        q, _ = parse_quantity(value, resource="cpu")
-    except InvalidRequest:
-        return 0
-    return max(0, math.ceil(q * 1000))
-
-
-def pod_cpu_milli(pod: Mapping[str, Any]) -> int:
-    """The pod's CPU request in millicores as kube-scheduler counts it (requests, else limits, per
-    container; app containers and sidecars summed, or the largest init container with the sidecars
-    before it, `hami.pods.peak`); unparseable values count 0."""
-    values = []
-    for kind, c in pods.entries(pod):
-        res = c.get("resources") if isinstance(c, Mapping) else None
-        res = res if isinstance(res, Mapping) else {}
-        req, lim = res.get("requests"), res.get("limits")
-        v = (req or {}).get("cpu") if isinstance(req, Mapping) else None
-        if v is None and isinstance(lim, Mapping):
-            v = lim.get("cpu")
-        values.append((kind, _millicores(v) if v is not None else 0))
-    return int(pods.peak(values))
-
-
-def node_cpu_milli(node: Mapping[str, Any]) -> int | None:
-    """A Node's allocatable CPU in millicores, None when it does not say."""
-    alloc = objects.status(node).get("allocatable")
-    v = alloc.get("cpu") if isinstance(alloc, Mapping) else None
-    return None if v is None else _millicores(v)
+def _grain(x: float) -> float:
+    return round(x * GRAIN) / GRAIN
 
 
 def serves(d: Device, u: DeviceUsage, s: Shape) -> bool:
@@ -121,9 +110,50 @@ def serves(d: Device, u: DeviceUsage, s: Shape) -> bool:
     return core_reason(d.devcore, u.usedcores, u.used, s.cores) is None
 
 
-def free_compute(d: Device, u: DeviceUsage) -> float:
-    """`r_g`: the card's unallocated compute in cards (percent / 100), 0 when none is left."""
-    return max(0, d.devcore - u.usedcores) / 100.0
+def taken_share(d: Device, u: DeviceUsage) -> float:
+    """The card's share taken (0..1 and above when over-committed): the largest of its used share of
+    cores, of memory and of sharer slots. A dimension the card does not register (0) is left out; a
+    card without slots takes nothing (1)."""
+    share = u.used / d.count if d.count > 0 else 1.0
+    if d.devcore > 0:
+        share = max(share, u.usedcores / d.devcore)
+    if d.devmem > 0:
+        share = max(share, u.usedmem / d.devmem)
+    return share
+
+
+def free_capacity(d: Device, u: DeviceUsage) -> float:
+    """`c_g`: the card's free capacity in cards (0..1): 1 minus its `taken_share`."""
+    return _grain(min(1.0, max(0.0, 1.0 - taken_share(d, u))))
+
+
+def containers_on(d: Device, u: DeviceUsage, s: Shape) -> int:
+    """How many more containers of shape `s` card `d` could take on its own (slots, memory and cores
+    left; 0 when it does not `serve` the shape at all)."""
+    if not serves(d, u, s):
+        return 0
+    n = d.count - u.used
+    mem = s.mem_on(d.devmem)
+    if mem > 0:
+        n = min(n, (d.devmem - u.usedmem) // mem)
+    if s.cores > 0:
+        n = min(n, 1 if d.devcore == 100 and s.cores == 100 else (d.devcore - u.usedcores) // s.cores)
+    return max(n, 1)
+
+
+def capacity_used(d: Device, u: DeviceUsage, s: Shape, k: int) -> float:
+    """`u_g`: how far `k` more containers of `s` raise card `d`'s share taken (cards), at most its
+    free capacity: each dimension moves by what the containers take of it (cores, MiB, one slot
+    each) and the card's share is the largest of the three again."""
+    if k <= 0:
+        return 0.0
+    before = taken_share(d, u)
+    after = (u.used + k) / d.count if d.count > 0 else 1.0
+    if d.devcore > 0:
+        after = max(after, (u.usedcores + k * s.cores) / d.devcore)
+    if d.devmem > 0:
+        after = max(after, (u.usedmem + k * s.mem_on(d.devmem)) / d.devmem)
+    return min(free_capacity(d, u), _grain(max(0.0, after - before)))
 
 
 def node_fragmentation(
@@ -132,13 +162,16 @@ def node_fragmentation(
     dist: Mapping[Shape, float],
     cpu_free: float = math.inf,
 ) -> float:
-    """`F_n(M)` of one node (cards) by the definition, computed from scratch (no memo): the reference
-    the incremental path is checked against, and a reader's statement of the measure. `cpu_free` is
-    the node's unrequested CPU in millicores (a shape asking more is served by no card)."""
+    """The paper's per-card measure of one node (cards), from scratch: for each shape, the free
+    capacity of the cards that cannot take one container of it (all of the node's when fewer than
+    `nums` cards can, or its CPU cannot feed the pod). `cpu_free` is the node's unrequested CPU in
+    millicores. A reader's statement of the paper's measure; the policy scores with
+    `packed_fragmentation`, which also counts residues and CPU-starved cards."""
     total = 0.0
     for s, p in dist.items():
         rs = [
-            (free_compute(d, usage(d.uuid)), s.cpu <= cpu_free and serves(d, usage(d.uuid), s)) for d in devices
+            (free_capacity(d, usage(d.uuid)), s.cpu <= cpu_free and serves(d, usage(d.uuid), s))
+            for d in devices
         ]
         frag = sum(r for r, ok in rs if not ok)
         if sum(1 for _, ok in rs if ok) < s.nums:
@@ -147,73 +180,45 @@ def node_fragmentation(
     return total
 
 
-# ----------------------------------------------------------------------------------------------
-# the learned workload
+def _pods_of(s: Shape, k: int, cpu_free: float | None) -> int:
+    """Pods of `s` a node with `k` containers' room on its cards and `cpu_free` millicores can run."""
+    c = k // s.nums
+    if s.cpu > 0 and cpu_free is not None:
+        c = min(c, int(cpu_free // s.cpu)) if cpu_free > 0 else 0
+    return c
 
 
-#: The distribution before anything is observed: a mix of whole cards, common shares and multi-card
-#: pods, in the proportions of the public Alibaba GPU trace (about half whole single cards, a third
-#: shares, the rest 2-8 cards). It fades as real pods arrive.
-DEFAULT_PRIOR: dict[Shape, float] = {
-    Shape(1, 0, 100, 100): 0.40,
-    Shape(1, 0, 50, 50): 0.15,
-    Shape(1, 0, 25, 25): 0.12,
-    Shape(1, 0, 10, 10): 0.08,
-    Shape(1, 0, 75, 75): 0.05,
-    Shape(2, 0, 100, 100): 0.08,
-    Shape(4, 0, 100, 100): 0.05,
-    Shape(8, 0, 100, 100): 0.07,
-}
+def packed_fragmentation(
+    devices: Sequence[Device],
+    usage: Callable[[str], DeviceUsage],
+    dist: Mapping[Shape, float],
+    cpu_free: float = math.inf,
+) -> float:
+    """The measure the `fragmentation` policy scores with, from scratch (the reference of the memoised
+    path): for each shape m, the node's free capacity that m could not take if only m arrived,
 
+    ``F_n(m) = C - U x min(1, c nums / K)``, ``c = min(floor(K / nums), floor(cpu_free / cpu_m))``,
 
-class WorkloadHistogram:
-    """Exponentially decaying counts of request shapes, starting from a prior.
-
-    Each `observe` multiplies every earlier weight by ``2 ** (-1 / half_life)`` (done lazily, by growing
-    the increment), so a shape seen `half_life` observations ago counts half. The prior enters as
-    `prior_weight` pseudo-observations that decay like the rest. Raises ValueError for a non-positive
-    `half_life` or a negative `prior_weight`.
+    with ``C = sum_g free_capacity``, ``K = sum_g containers_on`` and ``U = sum_g capacity_used`` (of
+    the `K` containers); ``F_n(M) = sum_m p_m F_n(m)``. It counts the residue a share leaves on a card
+    (a 0.9 free card serves one 0.5 share, the other 0.4 is lost), the cards the node's CPU cannot feed
+    (4 free cards and the CPU of one pod: 3 are lost), and the dimension a shape leaves unusable (a
+    card whose memory is taken has no free capacity left, whatever its cores).
     """
-
-    def __init__(
-        self,
-        prior: Mapping[Shape, float] | None = None,
-        *,
-        prior_weight: float = 8.0,
-        half_life: float = 4000.0,
-    ) -> None:
-        if not half_life > 0:
-            raise ValueError(f"half_life: {half_life!r} must be > 0 (observations)")
-        if prior_weight < 0:
-            raise ValueError(f"prior_weight: {prior_weight!r} must be >= 0")
-        prior = DEFAULT_PRIOR if prior is None else prior
-        z = sum(prior.values()) or 1.0
-        self.weights: dict[Shape, float] = {s: prior_weight * p / z for s, p in prior.items() if p > 0}
-        self._grow = 2.0 ** (1.0 / half_life)
-        self._inc = 1.0
-        self.observed = 0
-
-    def observe(self, shape: Shape, weight: float = 1.0) -> None:
-        """Count one arriving container request of `shape` (`weight` of one pod, e.g. 1/containers)."""
-        self._inc *= self._grow
-        self.weights[shape] = self.weights.get(shape, 0.0) + weight * self._inc
-        self.observed += 1
-        if self._inc > 1e100:  # renormalise before floats overflow; ratios are unchanged
-            self.weights = {s: w / self._inc for s, w in self.weights.items() if w / self._inc > 1e-12}
-            self._inc = 1.0
-
-    def distribution(self, max_shapes: int | None = None) -> dict[Shape, float]:
-        """Normalised popularity per shape (sums to 1), the `max_shapes` most popular when given."""
-        items = sorted(self.weights.items(), key=lambda kv: (-kv[1], kv[0]))
-        if max_shapes is not None:
-            items = items[:max_shapes]
-        z = sum(w for _, w in items)
-        return {s: w / z for s, w in items} if z > 0 else {}
-
-
-def total_variation(a: Mapping[Shape, float], b: Mapping[Shape, float]) -> float:
-    """Total variation distance (0..1) of two distributions over shapes."""
-    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+    look = [(d, usage(d.uuid)) for d in devices]
+    free = sum(free_capacity(d, u) for d, u in look)
+    cpu = None if math.isinf(cpu_free) else cpu_free
+    total = 0.0
+    for s, p in dist.items():
+        ks = [containers_on(d, u, s) for d, u in look]
+        k = sum(ks)
+        big_u = sum(capacity_used(d, u, s, x) for (d, u), x in zip(look, ks, strict=True))
+        c = _pods_of(s, k, cpu)
+        x = 0.0
+        if c:
+            x = big_u if c * s.nums >= k else big_u * (c * s.nums / k)
+        total += p * (free - min(free, x))
+    return total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -233,46 +238,12 @@ def card_of_state(state: tuple) -> tuple[Device, DeviceUsage]:
 
 _state = card_state
 
+#: (free capacity, containers of each active shape, capacity they would take): one card's terms.
+Terms = tuple[float, tuple[int, ...], tuple[float, ...]]
 
-def containers_on(d: Device, u: DeviceUsage, s: Shape) -> int:
-    """How many more containers of shape `s` card `d` could take on its own (slots, memory and cores
-    left; 0 when it does not `serve` the shape at all)."""
-    if not serves(d, u, s):
-        return 0
-    n = d.count - u.used
-    mem = s.mem_on(d.devmem)
-    if mem > 0:
-        n = min(n, (d.devmem - u.usedmem) // mem)
-    if s.cores > 0:
-        n = min(n, 1 if d.devcore == 100 and s.cores == 100 else (d.devcore - u.usedcores) // s.cores)
-    return max(n, 1)
-
-
-def packed_fragmentation(
-    devices: Sequence[Device],
-    usage: Callable[[str], DeviceUsage],
-    dist: Mapping[Shape, float],
-    cpu_free: float = math.inf,
-) -> float:
-    """The measure the `fragmentation` policy scores with, from scratch (the reference of the memoised
-    path): for each shape m, the node's free compute that m could not use if only m arrived,
-
-    ``F_n(m) = R_n - (cores_m / 100) x nums_m x min(floor(K_m / nums_m), floor(cpu_free / cpu_m))``,
-
-    with ``R_n = sum_g r_g`` and ``K_m = sum_g containers_on(g, m)``; ``F_n(M) = sum_m p_m F_n(m)``.
-    For whole cards it is `node_fragmentation` (the paper's measure); it also counts the residue a share
-    leaves on a card (a 0.9 free card serves one 0.5 share, the other 0.4 is lost) and the cards the
-    node's CPU cannot feed (4 free cards and the CPU of one pod: 3 are lost), which the paper's
-    per-card test does not see.
-    """
-    free = sum(free_compute(d, usage(d.uuid)) for d in devices)
-    total = 0.0
-    for s, p in dist.items():
-        k = sum(containers_on(d, usage(d.uuid), s) for d in devices) // s.nums
-        if s.cpu > 0:
-            k = min(k, max(0, int(cpu_free // s.cpu))) if math.isfinite(cpu_free) else k
-        total += p * (free - min(free, s.cores / 100 * s.nums * k))
-    return total
+#: The card the learned shapes' demand is measured on until a node registers one: 16 GiB, 100 cores,
+#: HAMi's default of 10 sharers.
+REFERENCE_CARD = (16384, 100, 10)
 
 
 class FragmentationModel:
@@ -284,7 +255,7 @@ class FragmentationModel:
     `observe` feeds arriving pods; the distribution used for scores (`active`) is refreshed from the
     histogram every `check_every` observations when it has moved by more than `drift` (total variation),
     which bumps `version` and drops the memo (node caches compare the version). `max_shapes` bounds the
-    work per card. Figures are in cards of compute (1.0 = one whole card's cores).
+    work per card. Figures are in cards of capacity (1.0 = one whole card).
     """
 
     def __init__(
@@ -303,18 +274,20 @@ class FragmentationModel:
         self._every = check_every
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_uids
+        #: Cards registered so far, by (devmem, devcore, count): the most common one is what a learned
+        #: shape's demand (its popularity weight) is measured on.
+        self._cards: Counter[tuple[int, int, int]] = Counter()
+        self.reference = REFERENCE_CARD
         self._set_active(self.histogram.distribution(max_shapes))
 
     def _set_active(self, dist: dict[Shape, float]) -> None:
         self.active = dist
         self._shapes = tuple(dist)
         self._p = tuple(dist.values())
-        # Compute (cards) one container of each shape uses, over all its cards.
-        self._use = tuple(s.cores / 100 * s.nums for s in self._shapes)
         self._nums = tuple(s.nums for s in self._shapes)
         self._cpu = tuple(s.cpu for s in self._shapes)
-        self._memo: dict[tuple, tuple[float, tuple[int, ...]]] = {}
-        self._moves: dict[tuple, tuple[float, tuple[int, ...]] | None] = {}
+        self._memo: dict[tuple, Terms] = {}
+        self._moves: dict[tuple, tuple[float, tuple[int, ...], tuple[float, ...]] | None] = {}
         #: Per vendor, the node terms of this distribution as columns (`hami.fragmentation_table`),
         #: built by the filter that scores with them; dropped with the memo.
         self.tables: dict[str, Any] = {}
@@ -322,11 +295,23 @@ class FragmentationModel:
 
     # -- learning ---------------------------------------------------------------------------------
 
+    def note_cards(self, devices: Iterable[Device]) -> None:
+        """Count registered cards (a node's registration), for the reference card of `demand`."""
+        for d in devices:
+            self._cards[(d.devmem, d.devcore, d.count)] += 1
+        if self._cards:
+            self.reference = self._cards.most_common(1)[0][0]
+
+    def demand(self, s: Shape) -> float:
+        """Cards of capacity one container of `s` takes on the reference card (the most common card
+        registered): its share of that card (`Shape.share_on`) times its cards."""
+        return s.share_on(*self.reference) * s.nums
+
     def observe(self, shapes: Iterable[Shape], uid: str | None = None) -> bool:
-        """Count one arriving pod's container shapes, each weighted 1 / (containers x (cards of compute
-        it asks) squared), so the small shares that fill the last gaps count for more than their share of
-        the pods. A `uid` seen recently (a retried filter,
-        a pod event after the filter) is not counted again. True when counted."""
+        """Count one arriving pod's container shapes, each weighted 1 / (containers x (cards of capacity
+        it asks, `demand`) squared), so the small shares that fill the last gaps count for more than
+        their share of the pods. A `uid` seen recently (a retried filter, a pod event after the
+        filter) is not counted again. True when counted."""
         if uid is not None:
             if uid in self._seen:
                 self._seen.move_to_end(uid)
@@ -341,7 +326,7 @@ class FragmentationModel:
             # Weighted count / cards asked squared: on the Alibaba trace (openb default, fill to 130 %,
             # seeds 1-10) this kept 0.4 points more GPU allocation than count / cards, and 0.6 more
             # than a plain count, by keeping room for the small shares that fill the last gaps.
-            c = max(s.cores / 100 * s.nums, 0.01)
+            c = max(self.demand(s), 0.01)
             w = 1.0 / len(shapes) / (c * c)
             self.histogram.observe(s, w)
         self._since += 1
@@ -364,36 +349,48 @@ class FragmentationModel:
 
     # -- terms ------------------------------------------------------------------------------------
 
-    def card_terms(self, d: Device, u: DeviceUsage) -> tuple[float, tuple[int, ...]]:
-        """(free compute in cards, containers of each active shape it could take), memoised by state."""
+    def card_terms(self, d: Device, u: DeviceUsage) -> Terms:
+        """(free capacity in cards, containers of each active shape it could take, capacity they would
+        take in cards), memoised by state."""
         key = (d.type, d.devmem, d.devcore, d.count, d.health, u.used, u.usedmem, u.usedcores)
         t = self._memo.get(key)
         if t is None:
             if len(self._memo) > 200_000:
                 self._memo.clear()  # bound memory on fleets with very many distinct card states
-            t = self._memo[key] = (free_compute(d, u), tuple(containers_on(d, u, s) for s in self._shapes))
+            ks = tuple(containers_on(d, u, s) for s in self._shapes)
+            us = tuple(capacity_used(d, u, s, k) for s, k in zip(self._shapes, ks, strict=True))
+            t = self._memo[key] = (free_capacity(d, u), ks, us)
         return t
 
-    def _value(self, free: float, k: Sequence[int], cpu_free: float | None) -> float:
+    def _value(self, free: float, k: Sequence[int], use: Sequence[float], cpu_free: float | None) -> float:
         used = 0.0
-        for p, use, n, cpu, km in zip(self._p, self._use, self._nums, self._cpu, k, strict=True):
+        for p, n, cpu, km, um in zip(self._p, self._nums, self._cpu, k, use, strict=True):
             c = km // n
             if cpu > 0 and cpu_free is not None:
                 c = min(c, int(cpu_free // cpu)) if cpu_free > 0 else 0
             if c:
-                x = use * c
+                cn = c * n
+                x = um if cn >= km else um * (cn / km)
                 used += p * (x if x < free else free)
         return free - used
+
+    def _sum(self, terms: Sequence[Terms]) -> tuple[float, tuple[int, ...], tuple[float, ...]]:
+        free = sum(t[0] for t in terms)
+        if not terms:
+            return free, (0,) * len(self._p), (0.0,) * len(self._p)
+        k = tuple(sum(col) for col in zip(*(t[1] for t in terms), strict=True))
+        use = tuple(sum(col) for col in zip(*(t[2] for t in terms), strict=True))
+        return free, k, use
 
     def node_value(
         self, devices: Sequence[Device], usage: Callable[[str], DeviceUsage], cpu_free: float | None = None
     ) -> float:
         """`F_n(M)` of a node (cards) from the memoised per-card terms; `cpu_free` millicores (None: no
         CPU limit). Equals `packed_fragmentation` over `active` (a property test holds that)."""
-        terms = [self.card_terms(d, usage(d.uuid)) for d in devices]
-        free = sum(t[0] for t in terms)
-        k = [sum(col) for col in zip(*(t[1] for t in terms), strict=True)] if terms else [0] * len(self._p)
-        return self._value(free, k, cpu_free)
+        return self._value(*self._sum([self.card_terms(d, usage(d.uuid)) for d in devices]), cpu_free)
+
+    def _after(self, d: Device, u: DeviceUsage, mem: int, cores: int) -> Terms:
+        return self.card_terms(d, DeviceUsage(u.used + 1, u.usedmem + mem, u.usedcores + cores))
 
     def _deltas(
         self,
@@ -405,37 +402,34 @@ class FragmentationModel:
         cpu: int,
     ) -> list[float]:
         terms = [self.card_terms(d, usage(d.uuid)) for d in devices]
-        free = sum(t[0] for t in terms)
-        k = [sum(col) for col in zip(*(t[1] for t in terms), strict=True)] if terms else [0] * len(self._p)
-        before = self._value(free, k, cpu_free)
+        free, k, use = self._sum(terms)
+        before = self._value(free, k, use, cpu_free)
         after_cpu = None if cpu_free is None else cpu_free - cpu
         out = []
         for i, mem in candidates:
             d = devices[i]
-            u = usage(d.uuid)
-            r0, k0 = terms[i]
-            r1, k1 = self.card_terms(d, DeviceUsage(u.used + 1, u.usedmem + mem, u.usedcores + cores))
+            r0, k0, u0 = terms[i]
+            r1, k1, u1 = self._after(d, usage(d.uuid), mem, cores)
             k2 = [a - b + c for a, b, c in zip(k, k0, k1, strict=True)]
-            out.append(self._value(free - r0 + r1, k2, after_cpu) - before)
+            u2 = [a - b + c for a, b, c in zip(use, u0, u1, strict=True)]
+            out.append(self._value(free - r0 + r1, k2, u2, after_cpu) - before)
         return out
 
     def node_terms(
         self, devices: Sequence[Device], usage: Callable[[str], DeviceUsage]
-    ) -> tuple[float, tuple[int, ...]]:
-        """(free compute in cards, containers of each active shape) summed over a node's cards."""
-        terms = [self.card_terms(d, usage(d.uuid)) for d in devices]
-        free = sum(t[0] for t in terms)
-        k = tuple(sum(col) for col in zip(*(t[1] for t in terms), strict=True)) if terms else (0,) * len(self._p)
-        return free, k
+    ) -> tuple[float, tuple[int, ...], tuple[float, ...]]:
+        """(free capacity in cards, containers of each active shape, capacity they would take) summed
+        over a node's cards."""
+        return self._sum([self.card_terms(d, usage(d.uuid)) for d in devices])
 
-    def value_of(self, free: float, k: Sequence[int], cpu_free: float | None) -> float:
+    def value_of(self, free: float, k: Sequence[int], use: Sequence[float], cpu_free: float | None) -> float:
         """`F_n(M)` of a node from its `node_terms` and free CPU (millicores, None: no limit)."""
-        return self._value(free, k, cpu_free)
+        return self._value(free, k, use, cpu_free)
 
     @staticmethod
     def node_states(devices: Sequence[Device], usage: Callable[[str], DeviceUsage]) -> tuple:
-        """The node's card states, sorted: nodes with equal states have equal terms (up to the order
-        in which their free compute is summed) and the same `gpu_move`."""
+        """The node's card states, sorted: nodes with equal states have equal terms and the same
+        `gpu_move`."""
         return tuple(sorted(_state(d, usage(d.uuid)) for d in devices))
 
     def gpu_move(
@@ -444,7 +438,7 @@ class FragmentationModel:
         usage: Callable[[str], DeviceUsage],
         shape: Shape,
         states: tuple | None = None,
-    ) -> tuple[float, tuple[int, ...]] | None:
+    ) -> tuple[float, tuple[int, ...], tuple[float, ...]] | None:
         """The node's `node_terms` after one container of `shape` goes where the GPU terms prefer
         (its `nums` cards of lowest increase, judged without CPU, as the fit orders them), or None when
         fewer than `nums` cards serve it. The pod's CPU is applied by the caller (`value_of`).
@@ -472,15 +466,15 @@ class FragmentationModel:
             self._moves[mkey] = None
             return None
         if shape.nums > 1:
-            cands = [(i, shape.mem_on(d.devmem)) for i, d in enumerate(devices) if serves(d, usage(d.uuid), shape)]
+            cands = [
+                (i, shape.mem_on(d.devmem)) for i, d in enumerate(devices) if serves(d, usage(d.uuid), shape)
+            ]
         deltas = self._deltas(devices, usage, cands, shape.cores, None, 0)
         best = sorted(range(len(cands)), key=lambda j: (deltas[j], j))[: shape.nums]
         for j in best:
             i, mem = cands[j]
-            d, u = devices[i], usage(devices[i].uuid)
-            terms[i] = self.card_terms(d, DeviceUsage(u.used + 1, u.usedmem + mem, u.usedcores + shape.cores))
-        free = sum(t[0] for t in terms)
-        out = self._moves[mkey] = (free, tuple(sum(col) for col in zip(*(t[1] for t in terms), strict=True)))
+            terms[i] = self._after(devices[i], usage(devices[i].uuid), mem, shape.cores)
+        out = self._moves[mkey] = self._sum(terms)
         return out
 
     def card_deltas(
@@ -506,7 +500,9 @@ class FragmentationModel:
         """The smallest increase of the node's `F_n(M)` over the ways to place one container of `shape`
         (the pod takes `shape.cpu` of the node's free CPU; a multi-card container is judged by the sum
         of its `nums` best single-card increases), or None when fewer than `nums` cards serve it."""
-        cands = [(i, shape.mem_on(d.devmem)) for i, d in enumerate(devices) if serves(d, usage(d.uuid), shape)]
+        cands = [
+            (i, shape.mem_on(d.devmem)) for i, d in enumerate(devices) if serves(d, usage(d.uuid), shape)
+        ]
         if len(cands) < shape.nums:
             return None
         deltas = self._deltas(devices, usage, cands, shape.cores, cpu_free, shape.cpu)
@@ -518,26 +514,9 @@ class FragmentationModel:
         before = self.node_value(devices, usage, cpu_free)
         for j in best:
             i, mem = cands[j]
-            d, u = devices[i], usage(devices[i].uuid)
-            terms[i] = self.card_terms(d, DeviceUsage(u.used + 1, u.usedmem + mem, u.usedcores + shape.cores))
-        free = sum(t[0] for t in terms)
-        k = [sum(col) for col in zip(*(t[1] for t in terms), strict=True)]
-        return self._value(free, k, None if cpu_free is None else cpu_free - shape.cpu) - before
-
-
-def pod_shapes(
-    containers: Sequence[ContainerSpec], selections: Mapping[str, Selection], cpu: int = 0
-) -> dict[str, tuple[Shape, ...]]:
-    """Per vendor, the shapes of a pod's long-running containers (app containers and sidecars; the
-    init containers only when the pod has nothing else), one per container request; `cpu` is the
-    pod's CPU request (millicores), given to its first shape only (the pod takes it once)."""
-    running = [c for c in containers if c.kind is not ContainerKind.INIT and c.requests]
-    out: dict[str, list[Shape]] = {}
-    for c in running or containers:
-        for r in c.requests:
-            out.setdefault(r.vendor, []).append(shape_of(r, selections.get(r.vendor), cpu))
-            cpu = 0
-    return {v: tuple(x) for v, x in out.items()}
+            terms[i] = self._after(devices[i], usage(devices[i].uuid), mem, shape.cores)
+        after = self._value(*self._sum(terms), None if cpu_free is None else cpu_free - shape.cpu)
+        return after - before
 
 
 def usage_of(usage: Mapping[str, DeviceUsage]) -> Callable[[str], DeviceUsage]:

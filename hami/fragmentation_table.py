@@ -8,7 +8,7 @@ had seen the pod's exact shape (CPU request included) since its last change; abo
 filters on the Alibaba trace met a new shape and recomputed that sum in Python for most nodes
 (30-60 ms at 1213 nodes). Here a miss costs the same array work as a hit:
 
-- per node (a *slot*): its free compute (cards, summed in the node's card order as
+- per node (a *slot*): its free capacity (cards, summed in the node's card order as
   `FragmentationModel.node_terms` does), its free CPU (millicores), its value ``F_n(M)`` before the
   pod, and the id of its *state* (its sorted card states, `FragmentationModel.node_states`). A node is
   refreshed when its `_Node.frag` memo was cleared, which `hami.cluster` does on every change of the
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hami.fragmentation import FragmentationModel, Shape, card_of_state, card_state, serves, usage_of
+from hami.fragmentation import FragmentationModel, Shape, Terms, card_of_state, card_state, serves, usage_of
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
@@ -55,11 +55,12 @@ MAX_KEY_CELLS = 4_000_000
 class _Moves:
     """The node terms after one container of a GPU shape, per state id (valid where `known`)."""
 
-    __slots__ = ("free", "k", "ok", "known")
+    __slots__ = ("free", "k", "u", "ok", "known")
 
     def __init__(self, shapes: int, cap: int) -> None:
         self.free = np.zeros(cap)
         self.k = np.zeros((shapes, cap), dtype=np.int32)
+        self.u = np.zeros((shapes, cap))
         self.ok = np.zeros(cap, dtype=bool)
         self.known = np.zeros(cap, dtype=bool)
 
@@ -69,6 +70,7 @@ class _Moves:
             return
         self.free = np.concatenate([self.free, np.zeros(cap - n)])
         self.k = np.concatenate([self.k, np.zeros((self.k.shape[0], cap - n), dtype=np.int32)], axis=1)
+        self.u = np.concatenate([self.u, np.zeros((self.u.shape[0], cap - n))], axis=1)
         self.ok = np.concatenate([self.ok, np.zeros(cap - n, dtype=bool)])
         self.known = np.concatenate([self.known, np.zeros(cap - n, dtype=bool)])
 
@@ -109,7 +111,7 @@ class NodeTermTable:
         nums = np.array(model._nums, dtype=np.float64)
         self._multi = np.flatnonzero(nums > 1)
         self._multi_nums = nums[self._multi].reshape(-1, 1)
-        self._use = np.array(model._use, dtype=np.float64).reshape(s, 1)
+        self._nums_col = nums.reshape(s, 1)
         self._p = np.array(model._p, dtype=np.float64).reshape(s, 1)
         cpu = np.array(model._cpu, dtype=np.int64)
         self._cpu_rows = np.flatnonzero(cpu > 0)
@@ -133,29 +135,38 @@ class NodeTermTable:
         self._refs: list[int] = []
         self._spare: list[int] = []
         self._k = np.zeros((s, 0), dtype=np.int32)
+        self._u = np.zeros((s, 0))
         # per card state, its terms; per GPU shape and card state, the terms after one container of
         # that shape (None: the card does not serve it)
-        self._card: dict[tuple, tuple[float, tuple[int, ...]]] = {}
-        self._card_moves: dict[Shape, dict[tuple, tuple[float, tuple[int, ...]] | None]] = {}
+        self._card: dict[tuple, Terms] = {}
+        self._card_moves: dict[Shape, dict[tuple, Terms | None]] = {}
         # per GPU shape, least recently used first
         self._moves: OrderedDict[Shape, _Moves] = OrderedDict()
 
     # -- the vectorised measure -----------------------------------------------------------------
 
-    def values(self, free: np.ndarray, k: np.ndarray, cpu: np.ndarray, has_cpu: np.ndarray) -> np.ndarray:
-        """``F_n(M)`` (cards) per column: `free` compute (cards, shape (n,)), `k` containers per active
-        shape (shape (shapes, n)), free `cpu` millicores where `has_cpu` (elsewhere no CPU limit).
-        Equals `FragmentationModel.value_of` of each column exactly."""
+    def values(
+        self, free: np.ndarray, k: np.ndarray, u: np.ndarray, cpu: np.ndarray, has_cpu: np.ndarray
+    ) -> np.ndarray:
+        """``F_n(M)`` (cards) per column: `free` capacity (cards, shape (n,)), `k` containers per active
+        shape and `u` the capacity they would take (cards; both shape (shapes, n)), free `cpu`
+        millicores where `has_cpu` (elsewhere no CPU limit). Equals `FragmentationModel.value_of` of
+        each column exactly."""
         if len(free) == 1:
             # A single column would be summed pairwise (see below): give it a twin and drop it.
             twin = self.values(
-                np.repeat(free, 2), np.repeat(k, 2, axis=1), np.repeat(cpu, 2), np.repeat(has_cpu, 2)
+                np.repeat(free, 2),
+                np.repeat(k, 2, axis=1),
+                np.repeat(u, 2, axis=1),
+                np.repeat(cpu, 2),
+                np.repeat(has_cpu, 2),
             )
             return twin[:1]
         # Counts as floats, row-major (gathered columns come out column-major: see the sum below).
         # floor(a / b) of floats is a // b for integers with a + b < 2**53, and float division is
         # several times faster than integer division in numpy.
-        c = np.array(k, dtype=np.float64, order="C")
+        kf = np.array(k, dtype=np.float64, order="C")
+        c = kf.copy()
         if self._multi.size:
             c[self._multi] = np.floor(c[self._multi] / self._multi_nums)
         if self._cpu_rows.size:
@@ -165,13 +176,17 @@ class NodeTermTable:
             if not has_cpu.all():
                 cap[:, ~has_cpu] = np.inf
             c[self._cpu_rows] = np.minimum(c[self._cpu_rows], cap)
-        c *= self._use
-        np.minimum(c, free, out=c)
-        c *= self._p
+        # the pods the node can run take their share of the capacity its cards' room would take
+        c *= self._nums_col
+        ratio = np.divide(c, kf, out=np.ones_like(c), where=c < kf)
+        x = np.array(u, dtype=np.float64, order="C")
+        x *= ratio
+        np.minimum(x, free, out=x)
+        x *= self._p
         # numpy sums pairwise only along the axis that is contiguous in memory (numpy.sum, Notes): the
         # sum over axis 0 of a row-major array of several columns adds the shapes one by one, in the
         # scalar path's order, so the result is the same float.
-        return free - c.sum(axis=0)
+        return free - x.sum(axis=0)
 
     # -- slots and states -----------------------------------------------------------------------
 
@@ -186,7 +201,7 @@ class NodeTermTable:
         self._stamp = np.concatenate([self._stamp, np.zeros(extra, dtype=np.int64)])
         self._slot_states.extend([None] * extra)
 
-    def _state_id(self, states: tuple, keys: list[tuple], terms: list[tuple[float, tuple[int, ...]]]) -> int:
+    def _state_id(self, states: tuple, keys: list[tuple], terms: list[Terms]) -> int:
         """The id of the node state `states` (sorted card states), new or shared; `keys` and `terms`
         are one node's card states and terms in its card order."""
         sid = self._sid_of.get(states)
@@ -203,18 +218,22 @@ class NodeTermTable:
             if sid >= self._k.shape[1]:
                 grow = max(64, self._k.shape[1])
                 self._k = np.concatenate([self._k, np.zeros((self._s, grow), dtype=np.int32)], axis=1)
+                self._u = np.concatenate([self._u, np.zeros((self._s, grow))], axis=1)
         self._sid_of[states] = sid
         self._states[sid] = states
         self._order[sid] = tuple(keys)  # this node's card order, for the move's sum of free compute
         self._refs[sid] = 1
-        # containers per shape summed over the cards: integers, so the card order does not matter
+        # containers per shape and the capacity they take, summed over the cards: integers and
+        # multiples of 2**-30 cards (`hami.fragmentation.GRAIN`), so the card order does not matter
         if terms:
             self._k[:, sid] = np.sum([t[1] for t in terms], axis=0, dtype=np.int64)
+            self._u[:, sid] = np.sum([t[2] for t in terms], axis=0)
         else:
             self._k[:, sid] = 0
+            self._u[:, sid] = 0.0
         return sid
 
-    def _terms(self, key: tuple) -> tuple[float, tuple[int, ...]]:
+    def _terms(self, key: tuple) -> Terms:
         """The terms of a card in state `key` (`card_state`)."""
         t = self._card.get(key)
         if t is None:
@@ -273,8 +292,10 @@ class NodeTermTable:
             self._has_cpu[idx] = has_cpu
             self._stamp[idx] = np.arange(self._tick + 1, self._tick + 1 + len(out))
             self._tick += len(out)
-            self._before[idx] = self.values(self._free[idx], self._k[:, self._sid[idx]], self._cpu[idx],
-                                            self._has_cpu[idx])  # fmt: skip
+            sids = self._sid[idx]
+            self._before[idx] = self.values(
+                self._free[idx], self._k[:, sids], self._u[:, sids], self._cpu[idx], self._has_cpu[idx]
+            )
         return out
 
     def slots(self, candidates: Sequence[_Node]) -> np.ndarray:
@@ -299,7 +320,7 @@ class NodeTermTable:
             m.grow(self._k.shape[1])
         return m
 
-    def _card_move(self, key: tuple, gpu: Shape) -> tuple[float, tuple[int, ...]] | None:
+    def _card_move(self, key: tuple, gpu: Shape) -> Terms | None:
         d, u = card_of_state(key)
         if not serves(d, u, gpu):
             return None
@@ -325,6 +346,8 @@ class NodeTermTable:
         r1: list[float] = []
         k0: list[tuple[int, ...]] = []
         k1: list[tuple[int, ...]] = []
+        u0: list[tuple[float, ...]] = []
+        u1: list[tuple[float, ...]] = []
         card, card_terms = self._card.get, self._terms
         for sid in np.unique(missing).tolist():
             keys = self._order[sid]
@@ -356,21 +379,28 @@ class NodeTermTable:
                 r1.append(t[0])
                 k0.append(terms[ci][1])
                 k1.append(t[1])
+                u0.append(terms[ci][2])
+                u1.append(t[2])
         if not todo:
             return
         # each candidate card's increase of F_n(M) without CPU, as FragmentationModel._deltas
         own = np.array(owner, dtype=np.intp)
         free = np.array([t[3] for t in todo])
-        k = self._k[:, np.array([t[0] for t in todo], dtype=np.intp)].astype(np.int64)
+        at_sids = np.array([t[0] for t in todo], dtype=np.intp)
+        k = self._k[:, at_sids].astype(np.int64)
+        uu = self._u[:, at_sids]
         no_cpu = np.zeros(len(todo), dtype=np.int64)
-        before = self.values(free, k, no_cpu, no_cpu.astype(bool))
+        before = self.values(free, k, uu, no_cpu, no_cpu.astype(bool))
         change = np.array(k1, dtype=np.int64).T - np.array(k0, dtype=np.int64).T
+        # multiples of 2**-30 cards: these sums are exact, as the scalar path's in its order
+        uchange = np.array(u1).T - np.array(u0).T
         k2 = k[:, own] + change
+        u2 = uu[:, own] + uchange
         no_cpu = np.zeros(len(own), dtype=np.int64)
-        after = self.values(free[own] - np.array(r0) + np.array(r1), k2, no_cpu, no_cpu.astype(bool))
+        after = self.values(free[own] - np.array(r0) + np.array(r1), k2, u2, no_cpu, no_cpu.astype(bool))
         deltas = (after - before[own]).tolist()
         pos = 0
-        done, free_after, single, multi = [], [], [], []
+        done, free_after, single, multi, multi_u = [], [], [], [], []
         for w, (sid, terms, cands, _) in enumerate(todo):
             d = deltas[pos : pos + len(cands)]
             best = sorted(range(len(cands)), key=lambda j: (d[j], j))[:nums]  # as the fit orders cards
@@ -381,11 +411,14 @@ class NodeTermTable:
             if nums == 1:
                 single.append(pos + best[0])
             else:
-                multi.append(k[:, w] + change[:, [pos + j for j in best]].sum(axis=1))
+                picked = [pos + j for j in best]
+                multi.append(k[:, w] + change[:, picked].sum(axis=1))
+                multi_u.append(uu[:, w] + uchange[:, picked].sum(axis=1))
             pos += len(cands)
         at = np.array(done, dtype=np.intp)
         m.free[at] = free_after
         m.k[:, at] = k2[:, single] if nums == 1 else np.array(multi).T
+        m.u[:, at] = u2[:, single] if nums == 1 else np.array(multi_u).T
         m.ok[at] = True
 
     def _keys_for(self, shape: Shape) -> _Keys:
@@ -415,7 +448,9 @@ class NodeTermTable:
             gpu = shape._replace(cpu=0)
             m = self._moves_for(gpu)
             self._fill_moves(m, gpu, sids)
-            after = self.values(m.free[sids], m.k[:, sids], self._cpu[at] - shape.cpu, self._has_cpu[at])
+            after = self.values(
+                m.free[sids], m.k[:, sids], m.u[:, sids], self._cpu[at] - shape.cpu, self._has_cpu[at]
+            )
             x = after - self._before[at]
             x[~m.ok[sids]] = np.inf
             kc.x[at] = x

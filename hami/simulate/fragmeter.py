@@ -121,7 +121,7 @@ class FragmentationMeter:
         if n.name not in self._models:
             cards = [d for ds in n.devices.values() for d in ds]
             self._models[n.name] = ("+".join(sorted({model_of(d.type) for d in cards})), len(cards))
-        free = sum(fragmentation.free_compute(d, look(d.uuid)) for ds in n.devices.values() for d in ds)
+        free = sum(fragmentation.free_capacity(d, look(d.uuid)) for ds in n.devices.values() for d in ds)
         if free <= 0:
             return free, 0.0  # nothing free, nothing fragmented
         states = (cpu, tuple(

@@ -346,3 +346,67 @@ def test_a_rebuild_relearns_the_workload_from_the_listed_pods():
     live = {**p, "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}}}
     fresh.rebuild([node("n", cards("n", 2))], [{**live, "status": {"phase": "Running"}}])
     assert fresh.fragmentation.active[shape] > 0.5  # one live pod outweighs the prior of 8
+
+
+# ----------------------------------------------------------------------------------------------
+# requests in the shapes HAMi users send: memory only, memory and cores, whole cards
+
+MEM6 = Shape(1, 6144, 0, 0)  # nvidia.com/gpumem: 6144, no gpucores (HAMi's default: 0 cores)
+
+
+def test_a_memory_only_request_counts_the_memory_it_leaves():
+    one = [card(0)]  # 16384 MiB, 10 slots
+    # The card's memory is all taken (no cores): nothing is free, so nothing is fragmented.
+    full = look({"GPU-0": DeviceUsage(2, 16384, 0)})
+    assert packed_fragmentation(one, full, {MEM6: 1.0}) == 0
+    # An idle card takes two 6144 MiB containers; the 4096 MiB left is a quarter card lost to the shape.
+    assert packed_fragmentation(one, look({}), {MEM6: 1.0}) == pytest.approx(0.25)
+    # The memoised path says the same.
+    model = FragmentationModel(WorkloadHistogram({MEM6: 1.0}, prior_weight=1))
+    assert model.node_value(one, full) == 0
+    assert model.node_value(one, look({})) == pytest.approx(0.25)
+
+
+def test_a_card_is_bound_by_the_largest_of_its_cores_memory_and_slots():
+    one = [card(0, count=4)]
+    share = Shape(1, 0, 25, 25)
+    # Four 10 % pods took every slot: the card takes no more pods, its free capacity is none.
+    assert packed_fragmentation(one, look({"GPU-0": DeviceUsage(4, 6553, 40)}), {share: 1.0}) == 0
+    # Cores 20 % and memory 60 % taken: 0.4 of the card is free; a 50 %-cores, 10 %-memory share fits
+    # once and raises the card to 70 % cores: 0.3 is left that the shape cannot use.
+    u = look({"GPU-0": DeviceUsage(1, 16384 * 60 // 100, 20)})
+    assert packed_fragmentation(one, u, {Shape(1, 0, 10, 50): 1.0}) == pytest.approx(0.3, abs=1e-6)
+
+
+def test_memory_only_pods_are_placed_where_their_memory_fits_best():
+    cs = frag_state()
+    for name in ("a", "b"):
+        cs.upsert_node(reg_node(name, [Device(f"{name}0", 0, 10, 16384, 100, "NVIDIA-T4")]))
+
+    def mem_pod(uid: str, mib: int) -> dict:
+        limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mib)}
+        return {
+            "metadata": {"name": uid, "namespace": "default", "uid": uid, "annotations": {}},
+            "spec": {"schedulerName": "hami-scheduler",
+                     "containers": [{"name": "c", "resources": {"limits": limits, "requests": {"cpu": "1"}}}]},
+        }  # fmt: skip
+
+    assert cs.filter(mem_pod("held", 4096), ["a"]).node == "a"
+    model = cs.fragmentation
+    model._set_active({Shape(1, 12288, 0, 0, (), 1000): 0.5, Shape(1, 4096, 0, 0, (), 1000): 0.5})
+    # A 4096 MiB pod on a's card would leave 8192 MiB there, where no 12288 MiB pod fits: it opens b.
+    assert cs.filter(mem_pod("small", 4096), ["a", "b"]).node == "b"
+    # So both 12288 MiB pods that follow fit.
+    assert {cs.filter(mem_pod(f"big{i}", 12288), ["a", "b"]).node for i in range(2)} == {"a", "b"}
+
+
+def test_a_memory_only_shape_is_weighted_by_the_card_share_it_takes():
+    m = FragmentationModel(WorkloadHistogram({}, prior_weight=0))  # no card registered: a 16 GiB card
+    m.observe([Shape(1, 8192, 0, 0)], uid="half")
+    m.observe([WHOLE], uid="whole")
+    # Half a card's memory weighs 1 / 0.5^2 = 4 against a whole card's 1 (not 1 / 0.01^2 for "no cores").
+    assert m.histogram.distribution()[Shape(1, 8192, 0, 0)] == pytest.approx(4 / 5, rel=1e-3)
+    # Measured on the fleet's most common card once nodes register: 8192 of 32768 MiB is a quarter.
+    m.note_cards([card(i, mib=32768) for i in range(3)] + [card(9)])
+    m.observe([Shape(1, 8192, 0, 0)], uid="quarter")
+    assert m.histogram.weights[Shape(1, 8192, 0, 0)] == pytest.approx(4 + 16, rel=1e-3)

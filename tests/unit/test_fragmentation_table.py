@@ -46,18 +46,23 @@ def test_vectorised_value_is_the_scalar_value_bit_for_bit(n):
     table = NodeTermTable(model, "NVIDIA")
     free = [rng.randint(0, 800) / 100 for _ in range(n)]
     k = [[rng.randint(0, 40) for _ in SHAPES] for _ in range(n)]
+    # the capacity the room would take: none where there is no room, else up to the node's free capacity
+    use = [[0.0 if kk == 0 else rng.randint(1, 800) / 100 for kk in row] for row in k]
     cpu = [rng.choice([None, 0, -500, rng.randint(1, 96000)]) for _ in range(n)]
     # gathered from wider columns in a shuffled order, as the filter gathers its candidates' columns
     where = rng.sample(range(2 * n), n)
     wide = np.zeros((len(SHAPES), 2 * n), dtype=np.int32)
     wide[:, where] = np.array(k, dtype=np.int32).T
+    wide_use = np.zeros((len(SHAPES), 2 * n))
+    wide_use[:, where] = np.array(use).T
     got = table.values(
         np.array(free),
         wide[:, where],
+        wide_use[:, where],
         np.array([c or 0 for c in cpu], dtype=np.int64),
         np.array([c is not None for c in cpu]),
     )
-    want = [model.value_of(f, kk, c) for f, kk, c in zip(free, k, cpu, strict=True)]
+    want = [model.value_of(f, kk, uu, c) for f, kk, uu, c in zip(free, k, use, cpu, strict=True)]
     assert got.tolist() == want  # exact: the policy's ties depend on it
 
 
