@@ -93,7 +93,8 @@ class _Keys:
 
 
 class NodeTermTable:
-    """Per-node and per-state fragmentation terms of one vendor's cards under `model.active`.
+    """Per-node and per-state fragmentation terms of one vendor's cards under that vendor's part of
+    `model.active` (`FragmentationModel.of`).
 
     `keys(candidates, shape)` gives, per candidate node, the increase of its ``F_n(M)`` (cards) when
     one container of `shape` goes where `FragmentationModel.gpu_move` puts it and the pod takes
@@ -107,13 +108,15 @@ class NodeTermTable:
         #: The marker a refreshed node carries in its `_Node.frag` memo, mapped to its slot.
         self.token = object()
         self._version = model.version
-        s = self._s = len(model._shapes)
-        nums = np.array(model._nums, dtype=np.float64)
+        #: The vendor's measure under the model's active distribution: its shapes are the rows here.
+        self.measure = measure = model.of(vendor)
+        s = self._s = len(measure._shapes)
+        nums = np.array(measure._nums, dtype=np.float64)
         self._multi = np.flatnonzero(nums > 1)
         self._multi_nums = nums[self._multi].reshape(-1, 1)
         self._nums_col = nums.reshape(s, 1)
-        self._p = np.array(model._p, dtype=np.float64).reshape(s, 1)
-        cpu = np.array(model._cpu, dtype=np.int64)
+        self._p = np.array(measure._p, dtype=np.float64).reshape(s, 1)
+        cpu = np.array(measure._cpu, dtype=np.int64)
         self._cpu_rows = np.flatnonzero(cpu > 0)
         self._cpu_m = cpu[self._cpu_rows].astype(np.float64).reshape(-1, 1)
         # per slot
@@ -237,7 +240,7 @@ class NodeTermTable:
         """The terms of a card in state `key` (`card_state`)."""
         t = self._card.get(key)
         if t is None:
-            t = self._card[key] = self.model.card_terms(*card_of_state(key))
+            t = self._card[key] = self.measure.card_terms(*card_of_state(key))
         return t
 
     def _release_state(self, sid: int) -> None:

@@ -26,7 +26,8 @@ class Shape(NamedTuple):
     0 when the request gives none, HAMi's default: the card's compute is not reserved);
     `types` lower-case substrings of allowed card types (``nvidia.com/use-gputype``), () for any;
     `cpu` the pod's CPU request in millicores (kube-scheduler's fit: a node without that much free CPU
-    cannot run the shape, so all its free card capacity is a fragment for it), 0 when not known.
+    cannot run the shape, so all its free card capacity is a fragment for it), 0 when not known;
+    `vendor` the CommonWord of the cards it asks for (a shape is measured on that vendor's cards only).
     """
 
     nums: int
@@ -35,6 +36,7 @@ class Shape(NamedTuple):
     cores: int
     types: tuple[str, ...] = ()
     cpu: int = 0
+    vendor: str = "NVIDIA"
 
     def mem_on(self, devmem: int) -> int:
         """MiB this shape takes on a card of `devmem` MiB (`ContainerRequest.memory_on`'s rule)."""
@@ -60,9 +62,8 @@ def shape_of(req: ContainerRequest, selection: Selection | None = None, cpu: int
     if req.memreq <= 0:
         pct = req.mem_percentage if req.mem_percentage != PERCENTAGE_UNSET else 100
     types = tuple(sorted(t.lower() for t in selection.use_types)) if selection is not None else ()
-    return Shape(
-        max(1, req.nums), max(0, req.memreq), pct, min(max(req.coresreq, 0), 100), types, max(0, cpu)
-    )
+    cores = min(max(req.coresreq, 0), 100)
+    return Shape(max(1, req.nums), max(0, req.memreq), pct, cores, types, max(0, cpu), req.vendor)
 
 
 def _millicores(value: object) -> int:

@@ -410,3 +410,29 @@ def test_a_memory_only_shape_is_weighted_by_the_card_share_it_takes():
     m.note_cards([card(i, mib=32768) for i in range(3)] + [card(9)])
     m.observe([Shape(1, 8192, 0, 0)], uid="quarter")
     assert m.histogram.weights[Shape(1, 8192, 0, 0)] == pytest.approx(4 + 16, rel=1e-3)
+
+
+def test_each_vendor_is_measured_under_its_own_shapes():
+    from hami.simulate.fragmeter import FragmentationMeter
+    from tests.vendor_fleet import ASCEND_910B3, CONFIG, node
+
+    cs = ClusterState(config=CONFIG)
+    cs.upsert_node(reg_node("gpu", [Device("g0", 0, 10, 16384, 100, "NVIDIA-T4")]))
+    cs.upsert_node(node("npu", annotations={"hami.io/node-register-Ascend910B3": ASCEND_910B3}))
+    model = cs.fragmentation
+    model._set_active({HALF._replace(cpu=1000): 1.0})  # NVIDIA half cards only, as learned
+    # The idle Ascend chips are not fragments of NVIDIA pods: no Ascend pod was seen, so they are
+    # measured under the prior (as memory shares), whose 1- and 2-chip shapes they serve; only its 4-
+    # and 8-chip shapes (0.05 and 0.07 of it) cannot run on the 2-chip node, and a 75 % share leaves a
+    # quarter of each chip (0.05 of it).
+    meter = FragmentationMeter(cs)
+    meter.measure()
+    free, frag = meter.last["npu"]
+    assert free == 2.0 and frag == pytest.approx(2.0 * (0.05 + 0.07) + 0.5 * 0.05)
+    assert meter.last["gpu"] == (1.0, 0.0)
+    # An Ascend shape learned next to the NVIDIA ones is measured on the Ascend chips only, with its
+    # popularity normalised within the vendor: a 3-chip request cannot run on a 2-chip node.
+    model._set_active({HALF: 0.9, Shape(3, 0, 100, 100, vendor="Ascend910B3"): 0.1})
+    meter.measure()
+    assert meter.last["npu"] == (2.0, 2.0)
+    assert meter.last["gpu"] == (1.0, 0.0)
