@@ -165,7 +165,9 @@ class ProgressLines:
             return
         while self.next <= done + 1e-9:
             self.next += self.step
-        self.stream.write(f"{self.label}: {min(done, 1.0) * 100:.0f} % ({time.monotonic() - self.started:.1f} s)\n")
+        self.stream.write(
+            f"{self.label}: {min(done, 1.0) * 100:.0f} % ({time.monotonic() - self.started:.1f} s)\n"
+        )
         self.stream.flush()
 
     def close(self) -> None:
@@ -473,7 +475,9 @@ def run_simulate(
     if what_if:
         from hami.simulate.whatif import run_what_if
 
-        return run_what_if(args, config, workload, kept_pods, policies, start=start, stdout=stdout, stderr=stderr)
+        return run_what_if(
+            args, config, workload, kept_pods, policies, start=start, stdout=stdout, stderr=stderr
+        )
     if getattr(args, "current_policy", None) is not None:
         raise InvalidRequest("--current-policy: only with --what-if-shape")
     if args.progress and args.no_progress:

@@ -492,7 +492,9 @@ def test_summary_explains_its_columns_and_the_trace_peak():
     p = hami("simulate", *SMALL)
     assert p.returncode == 0, p.stderr
     assert "  1st fail at: arrived GPU demand (percent of GPU capacity) when the first GPU pod failed" in p.stdout
-    assert "GPU alloc / mem alloc: card cores / card memory held" in p.stdout
+    assert "cores / memory / slots: card cores / card memory / sharer slots held" in p.stdout
+    assert "capacity: the cards' capacity taken, per card the largest of its used cores, memory and slots" in p.stdout
+    assert "failed demand: the GPU demand of the refused pods" in p.stdout
     t = hami("simulate", *SMALL, "--mode", "trace")
     assert t.returncode == 0, t.stderr
     peak = [x for x in t.stdout.splitlines() if x.startswith("  binpack/spread: peak ")]

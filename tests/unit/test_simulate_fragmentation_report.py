@@ -213,7 +213,7 @@ def test_summary_text_shows_fragmentation_over_arrivals_and_the_nodes():
     text = summary_text([r], small_workload())
     lines = text.splitlines()
     k = lines.index(
-        "expected fragmentation at arrived demand: free GPU compute (cards) that no pod of the learned "
+        "expected fragmentation at arrived demand: free GPU capacity (cards) that no pod of the learned "
         "workload could use:"
     )
     assert lines[k + 1].split()[:3] == ["policy", "10%", "20%"]
@@ -290,11 +290,11 @@ def test_trace_node_table_is_taken_at_the_checkpoint_of_highest_allocation_and_j
     (row,) = r.node_fragmentation
     assert (row.node, row.free) == ("a", best.fragmentation.free) and round(row.free, 6) == 0.5
     j = result_json(r, trace_workload())
-    assert j["peak_reason"].startswith("peak 75.00% at trace time 10 s; 1 GPU pods were refused")
+    assert j["peak_reason"].startswith("peak capacity 75.00% at trace time 10 s; 1 GPU pods were refused")
     assert j["fragmentation"]["nodes"]["at"] == {"arrival": best.arrival, "time": best.time}
     assert j["failure_reasons"] == dict(r.failure_reasons) and sum(j["failure_reasons"].values()) == 1
     text = summary_text([r], trace_workload())
-    assert "  binpack: peak 75.00% at trace time 10 s; 1 GPU pods were refused" in text
+    assert "  binpack: peak capacity 75.00% at trace time 10 s; 1 GPU pods were refused" in text
 
 
 def test_a_run_with_pods_placed_reports_the_start_once(tmp_path):
