@@ -440,9 +440,14 @@ class NodeTermTable:
         """Per candidate, the increase of its ``F_n(M)`` (cards) by one container of `shape` and the
         pod's CPU (`shape.cpu` millicores), `inf` where the shape cannot be served; float64, shape (n,).
         Computed for the candidates refreshed since this shape's last filter, the rest remembered."""
+        return self.keys_at(self.slots(candidates), shape)
+
+    def keys_at(self, slots: np.ndarray, shape: Shape) -> np.ndarray:
+        """`keys` of the nodes in `slots` (from `slots`, up to date: the caller refreshed every node
+        that changed since), without a Python step per node: what a caller that keeps all of a fleet's
+        slots (the simulator's mirror of the filter's order) reads for every node at once."""
         if self.model.version != self._version:
             raise RuntimeError("fragmentation table used after the learned workload was refreshed")
-        slots = self.slots(candidates)
         kc = self._keys_for(shape)
         stale = np.flatnonzero(kc.at[slots] != self._stamp[slots])
         if stale.size:

@@ -31,10 +31,12 @@ from hami import objects, pods
 from hami.cluster import ClusterState, FilterOutcome
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
+from hami.fragmentation import Shape
 from hami.scoring import NodePolicy, choose_policies
 from hami.simulate.allocation import CardUsage, card_figures, families
 from hami.simulate.candidates import PolicyOrder, Refusals
 from hami.simulate.fragmeter import FragmentationMeter
+from hami.simulate.fragorder import FragmentationOrder, single_shape
 from hami.simulate.results import (
     Checkpoint,
     Mode,
@@ -171,8 +173,10 @@ class _Replay:
         self.card_type = {c.uuid: c.type for n in workload.nodes for c in n.cards}
         # The filter's node order mirrored per node policy (`hami.simulate.candidates`), made on first
         # use, and per workload pod the policy whose order it is handed in (None: every node at once).
-        self.orders: dict[NodePolicy, PolicyOrder] = {}
+        self.orders: dict[NodePolicy, PolicyOrder | FragmentationOrder] = {}
         self.plans: dict[int, tuple[NodePolicy, str] | None] = {}
+        #: Per workload pod under the fragmentation order: its (vendor, shape) as the filter keys it.
+        self.shapes: dict[int, tuple[str, Shape]] = {}
         self.kinds: dict[str, tuple[NodePolicy, str] | None] = {}
         self.refusals: Refusals | None = None
         self.res = _Resources(workload.nodes)
@@ -294,6 +298,7 @@ class _Replay:
             # Asks no managed device: the extender is not involved, kube-scheduler scores alone.
             i = res.least_allocated(fitting, pod.cpu_milli, pod.memory_mib)
             res.take(i, pod.cpu_milli, pod.memory_mib)
+            self.cpu_changed(i)
             self.where[uid] = (i, pod, [])
             # The extender sees the bound pod's event: its CPU counts where the next pods can go.
             meta = {**pod.obj["metadata"], "uid": uid, "name": name}
@@ -369,6 +374,8 @@ class _Replay:
             return self.state.filter(obj, self.res.names_of(fitting), now=self.stamp, explain=False), None
         order, r = plan
         known, index = self.refusals, self.res.index
+        if isinstance(order, FragmentationOrder):
+            order.prepare(obj, *self.shapes[id(pod)])
         first, rest = order.split(fitting & known.unknown(r))
         out = self.state.filter(obj, first, now=self.stamp, explain=False)
         if out.error is not None or out.no_devices:
@@ -387,7 +394,7 @@ class _Replay:
             return out, None
         return out, known.counts(r, fitting)
 
-    def plan_for(self, pod: SimPod, obj: dict) -> tuple[PolicyOrder, int] | None:
+    def plan_for(self, pod: SimPod, obj: dict) -> tuple[PolicyOrder | FragmentationOrder, int] | None:
         """The mirrored order of the pod's node policy and its row of known refusals; None when the
         filter must see every node in one call (`hami.simulate.candidates` says when)."""
         key = id(pod)  # the workload's pods live as long as the run; their requests never change
@@ -407,12 +414,23 @@ class _Replay:
             if plan is False:
                 plan = self.kinds[kind] = self._plan(obj, kind)
             self.plans[key] = plan
+            if plan is not None and plan[0] is NodePolicy.FRAGMENTATION:
+                # the pod's shape with its own CPU request (pods of one kind differ in CPU)
+                shape = single_shape(self.state, obj)
+                if shape is None:
+                    plan = self.plans[key] = None
+                else:
+                    self.shapes[key] = shape
         if plan is None:
             return None
         policy, kind = plan
         order = self.orders.get(policy)
         if order is None:
-            order = self.orders[policy] = PolicyOrder(self.res.names, self.state, policy)
+            if policy is NodePolicy.FRAGMENTATION:
+                order = FragmentationOrder(self.res.names, self.state)
+            else:
+                order = PolicyOrder(self.res.names, self.state, policy)
+            self.orders[policy] = order
         if self.refusals is None:
             self.refusals = Refusals(len(self.res.names))
         return order, self.refusals.row(kind)
@@ -434,6 +452,10 @@ class _Replay:
             node_default=sched.nodeSchedulerPolicy,
             card_default=sched.gpuSchedulerPolicy,
         )
+        if choice.node is NodePolicy.FRAGMENTATION:
+            # one container request of one vendor: the filter keys it from the per-node columns,
+            # which `FragmentationOrder` reads for every node (others are scored by another path)
+            return (choice.node, kind) if single_shape(state, obj) is not None else None
         if choice.node not in (NodePolicy.BINPACK, NodePolicy.SPREAD) or choice.uses_fragmentation:
             return None
         return choice.node, kind
@@ -444,6 +466,12 @@ class _Replay:
             order.refresh(i)
         if self.refusals is not None:
             self.refusals.forget(i)
+
+    def cpu_changed(self, i: int) -> None:
+        """Node `i`'s free CPU changed (a pod without devices): the fragmentation order reads it."""
+        order = self.orders.get(NodePolicy.FRAGMENTATION)
+        if order is not None:
+            order.refresh(i)
 
     def delete(self, uid: str) -> None:
         """A pod is deleted: free its CPU/memory and, through the core's pod-removal path, its cards."""
