@@ -240,13 +240,19 @@ class VendorMeasure:
         before = self._value(free, k, use, cpu_free)
         after_cpu = None if cpu_free is None else cpu_free - cpu
         out = []
+        seen: dict[tuple, float] = {}  # cards in one state (and memory asked) have one increase
         for i, mem in candidates:
             d = devices[i]
-            r0, k0, u0 = terms[i]
-            r1, k1, u1 = self._after(d, usage(d.uuid), mem, cores)
-            k2 = [a - b + c for a, b, c in zip(k, k0, k1, strict=True)]
-            u2 = [a - b + c for a, b, c in zip(use, u0, u1, strict=True)]
-            out.append(self._value(free - r0 + r1, k2, u2, after_cpu) - before)
+            u = usage(d.uuid)
+            key = (d.type, d.devmem, d.devcore, d.count, d.health, u.used, u.usedmem, u.usedcores, mem)
+            x = seen.get(key)
+            if x is None:
+                r0, k0, u0 = terms[i]
+                r1, k1, u1 = self._after(d, u, mem, cores)
+                k2 = [a - b + c for a, b, c in zip(k, k0, k1, strict=True)]
+                u2 = [a - b + c for a, b, c in zip(use, u0, u1, strict=True)]
+                x = seen[key] = self._value(free - r0 + r1, k2, u2, after_cpu) - before
+            out.append(x)
         return out
 
     def node_terms(

@@ -53,26 +53,53 @@ MAX_KEY_CELLS = 4_000_000
 
 
 class _Moves:
-    """The node terms after one container of a GPU shape, per state id (valid where `known`)."""
+    """The node terms after one container of a GPU shape, in columns of its own (`col[sid]`, -1 when
+    none): only the states it was asked about have one, so a shape that a model rule confines to a
+    few nodes holds few. A column holds for the state id's generation it was computed at (`gen`); a
+    state id reused for another state finds its column stale and computes into it again."""
 
-    __slots__ = ("free", "k", "u", "ok", "known")
+    __slots__ = ("col", "gen", "free", "k", "u", "ok", "n")
 
     def __init__(self, shapes: int, cap: int) -> None:
-        self.free = np.zeros(cap)
-        self.k = np.zeros((shapes, cap), dtype=np.int32)
-        self.u = np.zeros((shapes, cap))
-        self.ok = np.zeros(cap, dtype=bool)
-        self.known = np.zeros(cap, dtype=bool)
+        self.col = np.full(cap, -1, dtype=np.intp)
+        self.gen = np.full(cap, -1, dtype=np.int64)
+        self.free = np.zeros(64)
+        self.k = np.zeros((shapes, 64), dtype=np.int32)
+        self.u = np.zeros((shapes, 64))
+        self.ok = np.zeros(64, dtype=bool)
+        self.n = 0  # columns in use
 
     def grow(self, cap: int) -> None:
-        n = len(self.known)
-        if n >= cap:
-            return
-        self.free = np.concatenate([self.free, np.zeros(cap - n)])
-        self.k = np.concatenate([self.k, np.zeros((self.k.shape[0], cap - n), dtype=np.int32)], axis=1)
-        self.u = np.concatenate([self.u, np.zeros((self.u.shape[0], cap - n))], axis=1)
-        self.ok = np.concatenate([self.ok, np.zeros(cap - n, dtype=bool)])
-        self.known = np.concatenate([self.known, np.zeros(cap - n, dtype=bool)])
+        n = len(self.col)
+        if n < cap:
+            self.col = np.concatenate([self.col, np.full(cap - n, -1, dtype=np.intp)])
+            self.gen = np.concatenate([self.gen, np.full(cap - n, -1, dtype=np.int64)])
+
+    @property
+    def cells(self) -> int:
+        return self.k.shape[0] * self.k.shape[1]
+
+    def known(self, sids: np.ndarray, gen: np.ndarray) -> np.ndarray:
+        return (self.col[sids] >= 0) & (self.gen[sids] == gen[sids])
+
+    def columns(self, sids: np.ndarray, gen: np.ndarray) -> np.ndarray:
+        """Columns for `sids` (distinct), reusing each state id's own; stamped with `gen`."""
+        cols = self.col[sids]
+        new = np.flatnonzero(cols < 0)
+        if new.size:
+            need = self.n + new.size
+            if need > len(self.free):
+                cap = max(need, 2 * len(self.free))
+                extra = cap - len(self.free)
+                self.free = np.concatenate([self.free, np.zeros(extra)])
+                self.k = np.concatenate([self.k, np.zeros((self.k.shape[0], extra), dtype=np.int32)], axis=1)
+                self.u = np.concatenate([self.u, np.zeros((self.u.shape[0], extra))], axis=1)
+                self.ok = np.concatenate([self.ok, np.zeros(extra, dtype=bool)])
+            cols[new] = np.arange(self.n, need)
+            self.n = need
+            self.col[sids] = cols
+        self.gen[sids] = gen[sids]
+        return cols
 
 
 class _Keys:
@@ -139,6 +166,8 @@ class NodeTermTable:
         self._spare: list[int] = []
         self._k = np.zeros((s, 0), dtype=np.int32)
         self._u = np.zeros((s, 0))
+        self._gen = np.zeros(0, dtype=np.int64)  # per state id: bumped when it is released
+        self._v0 = np.zeros(0)  # per state id: its value F_n(M) without a CPU limit
         # per card state, its terms; per GPU shape and card state, the terms after one container of
         # that shape (None: the card does not serve it)
         self._card: dict[tuple, Terms] = {}
@@ -220,6 +249,8 @@ class NodeTermTable:
             self._refs.append(0)
             if sid >= self._k.shape[1]:
                 grow = max(64, self._k.shape[1])
+                self._gen = np.concatenate([self._gen, np.zeros(grow, dtype=np.int64)])
+                self._v0 = np.concatenate([self._v0, np.zeros(grow)])
                 self._k = np.concatenate([self._k, np.zeros((self._s, grow), dtype=np.int32)], axis=1)
                 self._u = np.concatenate([self._u, np.zeros((self._s, grow))], axis=1)
         self._sid_of[states] = sid
@@ -249,9 +280,7 @@ class NodeTermTable:
             del self._sid_of[self._states[sid]]
             self._states[sid] = None
             self._spare.append(sid)
-            for m in self._moves.values():
-                if sid < len(m.known):
-                    m.known[sid] = False
+            self._gen[sid] += 1  # the moves computed for it no longer hold
 
     def _refresh(self, nodes: Sequence[_Node]) -> list[int]:
         """Bring the slots of `nodes` (changed since their last refresh) up to date; their slots."""
@@ -261,6 +290,7 @@ class NodeTermTable:
         free: list[float] = []
         cpus: list[int] = []
         has_cpu: list[bool] = []
+        fresh: list[tuple[int, float]] = []
         for n in nodes:
             slot = self._slot.get(n.name)
             if slot is None:
@@ -271,14 +301,17 @@ class NodeTermTable:
             keys = [card_state(d, look(d.uuid)) for d in n.devices.get(vendor, ())]
             terms = [card(k) or self._terms(k) for k in keys]
             states = tuple(sorted(keys))
+            node_free = sum(t[0] for t in terms)  # exact: multiples of 2**-30 cards
             if states != self._slot_states[slot]:
                 old = int(self._sid[slot])
-                self._sid[slot] = self._state_id(states, keys, terms)
+                made = len(self._sid_of)
+                sid = self._sid[slot] = self._state_id(states, keys, terms)
+                if len(self._sid_of) > made:
+                    fresh.append((sid, node_free))  # a new state: its value without CPU below
                 if old >= 0:
                     self._release_state(old)
                 self._slot_states[slot] = states
-            # summed in card order, as node_terms does (the float sum depends on the order)
-            free.append(sum(t[0] for t in terms))
+            free.append(node_free)
             cpu = n.cpu_free()
             has_cpu.append(cpu is not None)
             cpus.append(0 if cpu is None else cpu)
@@ -296,9 +329,18 @@ class NodeTermTable:
             self._stamp[idx] = np.arange(self._tick + 1, self._tick + 1 + len(out))
             self._tick += len(out)
             sids = self._sid[idx]
-            self._before[idx] = self.values(
-                self._free[idx], self._k[:, sids], self._u[:, sids], self._cpu[idx], self._has_cpu[idx]
+            # one evaluation: the nodes' values with their CPU, and the new states' without a CPU limit
+            # (what every GPU shape's moves compare against, `_fill_moves`); columns are independent
+            new = np.array([x for x, _ in fresh], dtype=np.intp)
+            got = self.values(
+                np.concatenate([self._free[idx], [f for _, f in fresh]]),
+                np.concatenate([self._k[:, sids], self._k[:, new]], axis=1),
+                np.concatenate([self._u[:, sids], self._u[:, new]], axis=1),
+                np.concatenate([self._cpu[idx], np.zeros(len(fresh), dtype=np.int64)]),
+                np.concatenate([self._has_cpu[idx], np.zeros(len(fresh), dtype=bool)]),
             )
+            self._before[idx] = got[: len(out)]
+            self._v0[new] = got[len(out) :]
         return out
 
     def slots(self, candidates: Sequence[_Node]) -> np.ndarray:
@@ -316,7 +358,7 @@ class NodeTermTable:
         m = self._moves.get(gpu)
         if m is None:
             m = self._moves[gpu] = _Moves(self._s, self._k.shape[1])
-            while len(self._moves) > 1 and len(self._moves) * self._s * self._k.shape[1] > MAX_MOVE_CELLS:
+            while len(self._moves) > 1 and sum(x.cells for x in self._moves.values()) > MAX_MOVE_CELLS:
                 self._moves.popitem(last=False)
         else:
             self._moves.move_to_end(gpu)
@@ -333,9 +375,12 @@ class NodeTermTable:
         """Compute the moves of the states in `sids` not known yet: what `FragmentationModel.gpu_move`
         computes for a node in that state, with the candidate cards of all those states judged in one
         vectorised evaluation."""
-        missing = sids[~m.known[sids]]
+        missing = sids[~m.known(sids, self._gen)]
         if not missing.size:
             return
+        missing = np.unique(missing)
+        cols = m.columns(missing, self._gen)
+        col_of = dict(zip(missing.tolist(), cols.tolist(), strict=True))
         nums = gpu.nums
         moves = self._card_moves.get(gpu)
         if moves is None:
@@ -352,7 +397,7 @@ class NodeTermTable:
         u0: list[tuple[float, ...]] = []
         u1: list[tuple[float, ...]] = []
         card, card_terms = self._card.get, self._terms
-        for sid in np.unique(missing).tolist():
+        for sid in missing.tolist():
             keys = self._order[sid]
             terms = [card(k) or card_terms(k) for k in keys]
             cands = []  # (card index, its terms after one container of the shape)
@@ -370,9 +415,8 @@ class NodeTermTable:
                         continue
                     seen.add(key)
                 cands.append((ci, after))
-            m.known[sid] = True
             if serving < nums:
-                m.ok[sid] = False
+                m.ok[col_of[sid]] = False
                 continue
             w = len(todo)
             todo.append((sid, terms, cands, sum(t[0] for t in terms)))  # card order, as node_terms
@@ -392,8 +436,7 @@ class NodeTermTable:
         at_sids = np.array([t[0] for t in todo], dtype=np.intp)
         k = self._k[:, at_sids].astype(np.int64)
         uu = self._u[:, at_sids]
-        no_cpu = np.zeros(len(todo), dtype=np.int64)
-        before = self.values(free, k, uu, no_cpu, no_cpu.astype(bool))
+        before = self._v0[at_sids]
         change = np.array(k1, dtype=np.int64).T - np.array(k0, dtype=np.int64).T
         # multiples of 2**-30 cards: these sums are exact, as the scalar path's in its order
         uchange = np.array(u1).T - np.array(u0).T
@@ -409,7 +452,7 @@ class NodeTermTable:
             best = sorted(range(len(cands)), key=lambda j: (d[j], j))[:nums]  # as the fit orders cards
             for j in best:
                 terms[cands[j][0]] = cands[j][1]
-            done.append(sid)
+            done.append(col_of[sid])
             free_after.append(sum(t[0] for t in terms))  # card order, as gpu_move
             if nums == 1:
                 single.append(pos + best[0])
@@ -456,11 +499,12 @@ class NodeTermTable:
             gpu = shape._replace(cpu=0)
             m = self._moves_for(gpu)
             self._fill_moves(m, gpu, sids)
+            cols = m.col[sids]
             after = self.values(
-                m.free[sids], m.k[:, sids], m.u[:, sids], self._cpu[at] - shape.cpu, self._has_cpu[at]
+                m.free[cols], m.k[:, cols], m.u[:, cols], self._cpu[at] - shape.cpu, self._has_cpu[at]
             )
             x = after - self._before[at]
-            x[~m.ok[sids]] = np.inf
+            x[~m.ok[cols]] = np.inf
             kc.x[at] = x
             kc.at[at] = self._stamp[at]
         return kc.x[slots]

@@ -7,6 +7,7 @@ measure and the model it scores with; the types here sit one floor below both.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -67,6 +68,17 @@ def shape_of(req: ContainerRequest, selection: Selection | None = None, cpu: int
 
 
 def _millicores(value: object) -> int:
+    if isinstance(value, str):
+        return _millicores_of_text(value)  # pods alike repeat their texts: parsed once each
+    return _parse_millicores(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _millicores_of_text(value: str) -> int:
+    return _parse_millicores(value)
+
+
+def _parse_millicores(value: object) -> int:
     try:
         q, _ = parse_quantity(value, resource="cpu")
     except InvalidRequest:

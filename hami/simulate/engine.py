@@ -374,9 +374,10 @@ class _Replay:
             return self.state.filter(obj, self.res.names_of(fitting), now=self.stamp, explain=False), None
         order, r = plan
         known, index = self.refusals, self.res.index
+        mask = fitting & known.unknown(r)
         if isinstance(order, FragmentationOrder):
-            order.prepare(obj, *self.shapes[id(pod)])
-        first, rest = order.split(fitting & known.unknown(r))
+            order.prepare(obj, *self.shapes[id(pod)], mask)
+        first, rest = order.split(mask)
         out = self.state.filter(obj, first, now=self.stamp, explain=False)
         if out.error is not None or out.no_devices:
             return out, None

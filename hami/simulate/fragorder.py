@@ -89,15 +89,17 @@ class FragmentationOrder:
         self._slots = np.zeros(0, dtype=np.intp)
         self._score = np.zeros(n)
         self._dirty: set[int] = set()
+        self._allowed_memo: dict[tuple, np.ndarray] = {}
         self.key = np.full(n, np.inf)
 
     def refresh(self, i: int) -> None:
         """Node `i` changed (its cards or its CPU): read it again before the next pod."""
         self._dirty.add(i)
 
-    def prepare(self, obj: dict, vendor: str, shape: fragmentation.Shape) -> None:
-        """Count pod `obj` (with its `uid`) into the learned workload as the filter will, and key every
-        node for its `shape` of `vendor`'s cards."""
+    def prepare(self, obj: dict, vendor: str, shape: fragmentation.Shape, mask: np.ndarray) -> None:
+        """Count pod `obj` (with its `uid`) into the learned workload as the filter will, and key the
+        nodes of `mask` (those kube-scheduler's fit keeps) for its `shape` of `vendor`'s cards; the
+        others are not read (`split` takes only nodes of the mask)."""
         state = self.state
         with state._lock:
             model = state.fragmentation
@@ -117,7 +119,29 @@ class FragmentationOrder:
                 table.slots([nodes[i] for i in dirty])  # refreshes the changed nodes' columns
                 self._score[dirty] = [nodes[i].current_score() for i in dirty]
                 self._dirty.clear()
-            self.key[self._known] = table.keys_at(self._slots, shape)
+            # Only the nodes the pod can reach are keyed: those kube-scheduler's fit keeps that have a
+            # card of an allowed model (the others cannot serve it: their key is inf, as the filter's).
+            allowed = self._allowed(vendor, shape)
+            pick = mask[self._known] & allowed[self._known]
+            self.key[mask & ~allowed] = np.inf
+            self.key[self._known[pick]] = table.keys_at(self._slots[pick], shape)
+
+    def _allowed(self, vendor: str, shape: fragmentation.Shape) -> np.ndarray:
+        """Nodes with at least `nums` cards of `vendor` of the shape's allowed models (all of them
+        for a shape without `nvidia.com/use-gputype`); the registrations do not change in a replay."""
+        key = (vendor, shape.types, shape.nums)
+        got = self._allowed_memo.get(key)
+        if got is None:
+            types = shape.types
+
+            def ok(n) -> bool:
+                cards = n.devices.get(vendor, ()) if n is not None else ()
+                if types:
+                    cards = [d for d in cards if any(x in d.type.lower() for x in types)]
+                return len(cards) >= shape.nums
+
+            got = self._allowed_memo[key] = np.array([ok(n) for n in self.nodes], dtype=bool)
+        return got
 
     def sort(self, pool: np.ndarray) -> np.ndarray:
         """`pool` (node indices) in the order: key, then the fuller node, then the name."""
