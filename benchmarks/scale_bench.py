@@ -15,7 +15,7 @@ Targets (on the 2-core dev machine): filter p99 <= 10 ms, rebuild <= 5 s. Figure
 recorded in docs/benchmarks.md with the machine load.
 
     python benchmarks/scale_bench.py [--nodes 10000] [--cards 8] [--fill 70] [--samples 2000]
-        [--candidates 500] [--policy binpack|spread] [--seed 1] [--profile]
+        [--candidates 500] [--policy binpack|spread|fragmentation] [--seed 1] [--profile]
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill", type=float, default=70.0, help="percent of card memory booked before measuring")
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--candidates", type=int, default=500)
-    ap.add_argument("--policy", choices=("binpack", "spread"), default="binpack")
+    ap.add_argument("--policy", choices=("binpack", "spread", "fragmentation"), default="binpack")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true", help="cProfile the measured filters (top 25 by cumtime)")
     ap.add_argument(
@@ -186,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for label, cand in (("all nodes", names), (f"{a.candidates} candidates", None)):
         pods = [make_pod(10_000_000 + len(results) * a.samples + k, rng) for k in range(a.samples)]
-        if a.policy == "spread":
+        if a.policy != "binpack":
             for p in pods:
-                p["metadata"]["annotations"][A.NODE_SCHEDULER_POLICY] = "spread"
+                p["metadata"]["annotations"][A.NODE_SCHEDULER_POLICY] = a.policy
+                if a.policy == "fragmentation":
+                    p["metadata"]["annotations"][A.GPU_SCHEDULER_POLICY] = a.policy
         if cand is None:
             wall, cpu, placed = [], [], 0
             for p in pods:

@@ -29,7 +29,7 @@ from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import fit_pod
 from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
-from hami.node_order import _gc_paused, _Node, _PolicyOrder
+from hami.node_order import _gc_paused, _KeyOrder, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
@@ -117,7 +117,9 @@ class ClusterState(ClusterQueries, PolicyScoring):
         )
         # Vendors whose inventory is node capacity or labels (Cambricon, AWS Neuron, ...): their
         # entries are part of what a node's devices were parsed from.
-        self._capacity_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys))
+        self._capacity_keys = tuple(
+            dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys)
+        )
         self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
         # Every node's prefilter verdict per demand; the nodes tell it when they change (`_Node.touch`).
         self._verdicts = VerdictIndex()
@@ -432,7 +434,8 @@ class ClusterState(ClusterQueries, PolicyScoring):
                     needs[v] = _PRESENCE_ONLY  # the vendor's own fit decides; the node must have its cards
             candidates = self._verdicts.candidates(self._nodes, node_names, needs, failed)
             if policy.node is NodePolicy.FRAGMENTATION:
-                order = _PolicyOrder.from_entries(self._fragmentation_keys(candidates, shapes))
+                keyed = self._fragmentation_keys(candidates, shapes)
+                order = keyed if isinstance(keyed, _KeyOrder) else _PolicyOrder.from_entries(keyed)
             else:
                 sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
                 order = _PolicyOrder.by_score(candidates, sign)
@@ -462,7 +465,14 @@ class ClusterState(ClusterQueries, PolicyScoring):
             scorers = [self.vendors[v] for v in wanted if self.vendors[v].scores_nodes]
             if scorers:
                 chosen, fit = self._best_by_vendor_scores(
-                    chosen, fit, order.entries(), containers, selections, policy, quota, scorers,
+                    chosen,
+                    fit,
+                    order.entries(),
+                    containers,
+                    selections,
+                    policy,
+                    quota,
+                    scorers,
                     failed if explain else None,
                 )
             if log.isEnabledFor(logging.DEBUG):
@@ -570,7 +580,12 @@ class ClusterState(ClusterQueries, PolicyScoring):
                     quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
                 for n in prefilter(self._nodes, node_names, needs, out.failed_nodes):
                     fit = fit_pod(
-                        containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota
+                        containers,
+                        n.view(),
+                        vendors=self.vendors,
+                        selections=selections,
+                        policy=policy,
+                        quota=quota,
                     )
                     if fit.ok:
                         fits.add(n.name)

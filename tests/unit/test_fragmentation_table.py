@@ -167,7 +167,7 @@ def test_columns_kept_up_to_date_equal_a_full_recomputation(weights, ops):
         # after every change, every shape's keys from the columns equal the recomputed ones
         nodes = [cs._nodes[x] for x in names]
         for s in SHAPES:
-            keys = cs._fragmentation_keys(nodes, {"NVIDIA": (s,)})
+            keys = cs._fragmentation_keys(nodes, {"NVIDIA": (s,)}).entries()
             for key, name, n in keys:
                 want = scalar_key(model, n, s)
                 assert name == n.name
