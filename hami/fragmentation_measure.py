@@ -119,6 +119,9 @@ def packed_fragmentation(
     usage: Callable[[str], DeviceUsage],
     dist: Mapping[Shape, float],
     cpu_free: float = math.inf,
+    *,
+    cpu_weight: float = 0.0,
+    cpu_per_card: float = 0.0,
 ) -> float:
     """The measure the `fragmentation` policy scores with, from scratch (the reference of the memoised
     path): for each shape m, the node's free capacity that m could not take if only m arrived,
@@ -129,7 +132,9 @@ def packed_fragmentation(
     the `K` containers); ``F_n(M) = sum_m p_m F_n(m)``. It counts the residue a share leaves on a card
     (a 0.9 free card serves one 0.5 share, the other 0.4 is lost), the cards the node's CPU cannot feed
     (4 free cards and the CPU of one pod: 3 are lost), and the dimension a shape leaves unusable (a
-    card whose memory is taken has no free capacity left, whatever its cores).
+    card whose memory is taken has no free capacity left, whatever its cores). With `cpu_weight`, plus
+    the CPU term ``cpu_weight x max(0, C - cpu_free / cpu_per_card)``: the free capacity that the
+    node's CPU cannot feed at the workload's CPU per card of capacity (`FragmentationModel`).
     """
     look = [(d, usage(d.uuid)) for d in devices]
     free = sum(free_capacity(d, u) for d, u in look)
@@ -144,6 +149,9 @@ def packed_fragmentation(
         if c:
             x = big_u if c * s.nums >= k else big_u * (c * s.nums / k)
         total += p * (free - min(free, x))
+    if cpu_weight and cpu_per_card > 0 and cpu is not None:
+        # the CPU term: free capacity the node's CPU cannot feed at `cpu_per_card` millicores per card
+        total += cpu_weight * max(0.0, free - cpu / cpu_per_card)
     return total
 
 
@@ -172,10 +180,21 @@ class VendorMeasure:
     Not thread-safe on its own: `hami.cluster.ClusterState` calls it under its lock.
     """
 
-    def __init__(self, dist: Mapping[Shape, float], version: int = 0) -> None:
+    def __init__(
+        self,
+        dist: Mapping[Shape, float],
+        version: int = 0,
+        *,
+        cpu_weight: float = 0.0,
+        cpu_per_card: float = 0.0,
+    ) -> None:
         self.dist = dict(dist)
         #: The learned workload's version this measure belongs to (tables compare it).
         self.version = version
+        #: The CPU term (`_value`): the weight of a node's free capacity that its free CPU cannot feed
+        #: at `cpu_per_card` millicores per card of capacity (the workload's own ratio); 0: none.
+        self.cpu_weight = cpu_weight if cpu_per_card > 0 else 0.0
+        self.cpu_per_card = cpu_per_card
         self._shapes = tuple(self.dist)
         self._p = tuple(self.dist.values())
         self._nums = tuple(s.nums for s in self._shapes)
@@ -206,7 +225,12 @@ class VendorMeasure:
                 cn = c * n
                 x = um if cn >= km else um * (cn / km)
                 used += p * (x if x < free else free)
-        return free - used
+        out = free - used
+        if self.cpu_weight and cpu_free is not None:
+            # capacity the node's CPU cannot feed at the workload's CPU per card (0 while it can)
+            starved = free - cpu_free / self.cpu_per_card
+            out += self.cpu_weight * (starved if starved > 0.0 else 0.0)
+        return out
 
     def _sum(self, terms: Sequence[Terms]) -> tuple[float, tuple[int, ...], tuple[float, ...]]:
         free = sum(t[0] for t in terms)

@@ -218,7 +218,14 @@ class NodeTermTable:
         # numpy sums pairwise only along the axis that is contiguous in memory (numpy.sum, Notes): the
         # sum over axis 0 of a row-major array of several columns adds the shapes one by one, in the
         # scalar path's order, so the result is the same float.
-        return free - x.sum(axis=0)
+        out = free - x.sum(axis=0)
+        m = self.measure
+        if m.cpu_weight:
+            starved = free - cpu / m.cpu_per_card  # as the scalar path, column by column
+            np.maximum(starved, 0.0, out=starved)
+            starved[~has_cpu] = 0.0
+            out += m.cpu_weight * starved
+        return out
 
     # -- slots and states -----------------------------------------------------------------------
 

@@ -102,6 +102,15 @@ def test_packed_measure_counts_residues_and_cpu_starved_cards():
     s = WHOLE._replace(cpu=8000)
     assert packed_fragmentation(four, look({}), {s: 1.0}, cpu_free=10000) == pytest.approx(3.0)
     assert packed_fragmentation(four, look({}), {s: 1.0}) == 0
+    # The CPU term: 4 idle cards and 24 cores at 12 cores per card of the workload: 2 cards it cannot feed.
+    assert (
+        packed_fragmentation(four, look({}), {WHOLE: 1.0}, cpu_free=24000, cpu_weight=0.5, cpu_per_card=12000)
+        == 1.0
+    )
+    assert (
+        packed_fragmentation(four, look({}), {WHOLE: 1.0}, cpu_free=96000, cpu_weight=0.5, cpu_per_card=12000)
+        == 0
+    )
     # For whole cards without a CPU limit it is the paper's measure.
     u = look({"GPU-1": used(70), "GPU-2": used(100)})
     dist = {WHOLE: 0.6, TWO: 0.4}
@@ -148,7 +157,9 @@ def test_memoised_value_and_delta_equal_a_full_recomputation(weights, ops, cpu):
                 held.append((d.uuid, s.mem_on(d.devmem), s.cores))
         get = usage_of(usage)
         ref_cpu = math.inf if cpu is None else cpu
-        assert model.node_value(devs, get, cpu) == pytest.approx(packed_fragmentation(devs, get, dist, ref_cpu))
+        assert model.node_value(devs, get, cpu) == pytest.approx(
+            packed_fragmentation(devs, get, dist, ref_cpu)
+        )
     # The placement delta of a single-card shape is the best card's recomputed increase.
     get = usage_of(usage)
     for s in SHAPES:
@@ -163,7 +174,9 @@ def test_memoised_value_and_delta_equal_a_full_recomputation(weights, ops, cpu):
             after[d.uuid] = DeviceUsage(u.used + 1, u.usedmem + s.mem_on(d.devmem), u.usedcores + s.cores)
             c0 = math.inf if cpu is None else cpu
             c1 = math.inf if cpu is None else cpu - s.cpu
-            x = packed_fragmentation(devs, usage_of(after), dist, c1) - packed_fragmentation(devs, get, dist, c0)
+            x = packed_fragmentation(devs, usage_of(after), dist, c1) - packed_fragmentation(
+                devs, get, dist, c0
+            )
             best = x if best is None else min(best, x)
         got = model.placement_delta(devs, get, s, cpu)
         assert (got is None) == (best is None)
@@ -258,7 +271,11 @@ def reg_node(name: str, cards: list[Device], cpu: str = "64") -> dict:
 
 
 def share_pod(uid: str, pct: int, cpu: str = "1") -> dict:
-    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": str(pct), "nvidia.com/gpumem-percentage": str(pct)}
+    limits = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpucores": str(pct),
+        "nvidia.com/gpumem-percentage": str(pct),
+    }
     return {
         "metadata": {"name": uid, "namespace": "default", "uid": uid, "annotations": {}},
         "spec": {
@@ -282,7 +299,7 @@ def test_fragmentation_fills_the_gap_a_share_fits_best():
     assert cs.filter(share_pod("p1", 50), ["a", "b"]).node in ("a", "b")
     first = cs.usage_snapshot()
     second = cs.filter(share_pod("p2", 50), ["a", "b"])
-    (node, cards), = ((n, c) for n, c in first.items() if c)
+    ((node, cards),) = ((n, c) for n, c in first.items() if c)
     assert second.node == node
     assert cs.usage_snapshot()[node] == {next(iter(cards)): (2, 16384, 100)}
 
@@ -291,7 +308,9 @@ def test_fragmentation_keeps_cpu_for_the_cards_of_a_node():
     cs = frag_state()
     # Node "rich" has one card and plenty of CPU; node "tight" two cards and CPU for about one pod.
     cs.upsert_node(reg_node("rich", [Device("r0", 0, 10, 16384, 100, "NVIDIA-T4")], cpu="64"))
-    cs.upsert_node(reg_node("tight", [Device(f"t{i}", i, 10, 16384, 100, "NVIDIA-T4") for i in range(2)], cpu="9"))
+    cs.upsert_node(
+        reg_node("tight", [Device(f"t{i}", i, 10, 16384, 100, "NVIDIA-T4") for i in range(2)], cpu="9")
+    )
     for i in range(50):  # learn a workload of 8-core whole-card pods
         cs.fragmentation.observe([WHOLE._replace(cpu=8000)], uid=f"seen-{i}")
     cs.fragmentation._set_active(cs.fragmentation.histogram.distribution())
@@ -343,7 +362,10 @@ def test_a_rebuild_relearns_the_workload_from_the_listed_pods():
     shape = Shape(1, 3000, 0, 30)
     fresh = ClusterState()
     assert shape not in fresh.fragmentation.active  # the prior only
-    live = {**p, "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}}}
+    live = {
+        **p,
+        "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}},
+    }
     fresh.rebuild([node("n", cards("n", 2))], [{**live, "status": {"phase": "Running"}}])
     assert fresh.fragmentation.active[shape] > 0.5  # one live pod outweighs the prior of 8
 

@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.config import DeviceConfig
-from hami.fragmentation import FragmentationModel, Shape, WorkloadHistogram, packed_fragmentation, usage_of
+from hami.fragmentation import (
+    FragmentationModel,
+    Shape,
+    VendorMeasure,
+    WorkloadHistogram,
+    packed_fragmentation,
+    usage_of,
+)
 from hami.fragmentation_table import NodeTermTable
 from hami.model import Device
 
@@ -39,10 +46,13 @@ def model_of(weights: list[int]) -> FragmentationModel:
     )
 
 
+@pytest.mark.parametrize("cpu_weight", [0.0, 1.0, 2.5])
 @pytest.mark.parametrize("n", [1, 2, 3, 17, 300])
-def test_vectorised_value_is_the_scalar_value_bit_for_bit(n):
+def test_vectorised_value_is_the_scalar_value_bit_for_bit(n, cpu_weight):
     rng = random.Random(n)
     model = model_of([rng.randint(1, 9) for _ in SHAPES])
+    measure = model.of("NVIDIA")
+    measure.cpu_weight, measure.cpu_per_card = cpu_weight, 13_700.0  # the CPU term, when weighted
     table = NodeTermTable(model, "NVIDIA")
     free = [rng.randint(0, 800) / 100 for _ in range(n)]
     k = [[rng.randint(0, 40) for _ in SHAPES] for _ in range(n)]
@@ -110,15 +120,16 @@ def frag_state() -> ClusterState:
 
 
 def scalar_key(model: FragmentationModel, n, shape: Shape) -> float:
-    """The node's key recomputed from scratch with a model that has no memo (the scalar path)."""
-    fresh = FragmentationModel()
-    fresh._set_active(dict(model.active))
+    """The node's key recomputed from scratch with a measure that has no memo (the scalar path)."""
+    live = model.of("NVIDIA")
+    fresh = VendorMeasure(live.dist, cpu_weight=live.cpu_weight, cpu_per_card=live.cpu_per_card)
     devs, look, cpu = n.devices.get("NVIDIA", ()), usage_of(n.usage), n.cpu_free()
     before = fresh.value_of(*fresh.node_terms(devs, look), cpu)
     # the scalar path agrees with the measure's definition
     assert before == pytest.approx(
-        packed_fragmentation(devs, look, model.active, math.inf if cpu is None else cpu)
-    )
+        packed_fragmentation(devs, look, live.dist, math.inf if cpu is None else cpu,
+                             cpu_weight=live.cpu_weight, cpu_per_card=live.cpu_per_card)
+    )  # fmt: skip
     move = fresh.gpu_move(devs, look, shape._replace(cpu=0))
     if move is None:
         return math.inf
