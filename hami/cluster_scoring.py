@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 
 _NAME = operator.attrgetter("name")
+_SCORE = operator.attrgetter("score")
 
 
 class PolicyScoring:
@@ -115,7 +116,9 @@ class PolicyScoring:
         if table is None:
             table = model.tables[vendor] = NodeTermTable(model, vendor)
         keys = table.keys(candidates, single)
-        scores = [-(s if (s := n.score) is not None else n.current_score()) for n in candidates]
+        scores = list(map(_SCORE, candidates))  # C-level: the cached scores, None where stale
+        if None in scores:
+            scores = [n.current_score() if x is None else x for n, x in zip(candidates, scores, strict=True)]
         return _KeyOrder(list(candidates), keys, scores)
 
     def _score_terms(

@@ -184,7 +184,7 @@ class _KeyOrder:
     __slots__ = ("_nodes", "_keys", "_scores", "_heap", "_taken")
 
     def __init__(self, nodes: list[_Node], keys: Any, scores: list[float]) -> None:
-        # keys: float array, one per node; scores: each node's -score (the fuller node first)
+        # keys: float array, one per node; scores: each node's score (the fuller node first)
         self._nodes, self._keys, self._scores = nodes, keys, scores
         self._heap: list[tuple[Any, str, _Node]] | None = None
         self._taken = -1
@@ -198,7 +198,7 @@ class _KeyOrder:
         if self._heap is None and self._taken < 0:
             keys, nodes, scores = self._keys, self._nodes, self._scores
             at = (keys == keys.min()).nonzero()[0].tolist()
-            t = at[0] if len(at) == 1 else min(at, key=lambda i: (scores[i], nodes[i].name))
+            t = at[0] if len(at) == 1 else min(at, key=lambda i: (-scores[i], nodes[i].name))
             self._taken = t
             return nodes[t]
         return heapq.heappop(self._rest())[2]
@@ -207,7 +207,7 @@ class _KeyOrder:
         if self._heap is None:
             t = self._taken
             xs = self._keys.tolist()
-            self._heap = [((x, s), n.name, n) for i, (x, s, n) in enumerate(zip(xs, self._scores, self._nodes, strict=True))
+            self._heap = [((x, -s), n.name, n) for i, (x, s, n) in enumerate(zip(xs, self._scores, self._nodes, strict=True))
                           if i != t]  # fmt: skip
             heapq.heapify(self._heap)
         return self._heap
