@@ -53,18 +53,21 @@ def single_shape(state: ClusterState, obj: dict) -> tuple[str, fragmentation.Sha
 
 
 class _Rest:
-    """The nodes after the first call, in order: sorted only when a first call found no node."""
+    """The nodes after the first call, in order: found and sorted only when a first call found no node."""
 
-    def __init__(self, order: FragmentationOrder, pool: np.ndarray) -> None:
-        self._order, self._pool, self._sorted = order, pool, None
+    def __init__(self, order: FragmentationOrder, pool: np.ndarray, head: np.ndarray) -> None:
+        self._order, self._pool, self._head, self._sorted = order, pool, head, None
 
     def _all(self) -> np.ndarray:
         if self._sorted is None:
-            self._sorted = self._order.sort(self._pool)
+            chosen = np.zeros(len(self._order.names), dtype=bool)
+            chosen[self._head] = True
+            pool = self._pool
+            self._sorted = self._order.sort(pool[~chosen[pool]])
         return self._sorted
 
     def __len__(self) -> int:
-        return len(self._pool) if self._sorted is None else len(self._sorted)
+        return len(self._pool) - len(self._head) if self._sorted is None else len(self._sorted)
 
     def __getitem__(self, key: slice) -> np.ndarray:
         return self._all()[key]
@@ -85,6 +88,7 @@ class FragmentationOrder:
         with state._lock:
             self.nodes = [state._nodes.get(x) for x in self.names]
         self._known = np.flatnonzero([x is not None for x in self.nodes])
+        self._all_known = len(self._known) == n  # then slots are indexed by node index
         self._table: NodeTermTable | None = None
         self._slots = np.zeros(0, dtype=np.intp)
         self._score = np.zeros(n)
@@ -122,9 +126,14 @@ class FragmentationOrder:
             # Only the nodes the pod can reach are keyed: those kube-scheduler's fit keeps that have a
             # card of an allowed model (the others cannot serve it: their key is inf, as the filter's).
             allowed = self._allowed(vendor, shape)
-            pick = mask[self._known] & allowed[self._known]
-            self.key[mask & ~allowed] = np.inf
-            self.key[self._known[pick]] = table.keys_at(self._slots[pick], shape)
+            key = self.key
+            key[mask & ~allowed] = np.inf
+            if self._all_known:
+                at = (mask & allowed).nonzero()[0]
+                key[at] = table.keys_at(self._slots[at], shape)
+            else:
+                pick = mask[self._known] & allowed[self._known]
+                key[self._known[pick]] = table.keys_at(self._slots[pick], shape)
 
     def _allowed(self, vendor: str, shape: fragmentation.Shape) -> np.ndarray:
         """Nodes with at least `nums` cards of `vendor` of the shape's allowed models (all of them
@@ -169,9 +178,7 @@ class FragmentationOrder:
         else:
             head = self.sort(pool)
         names = self.names
-        chosen = np.zeros(len(self.names), dtype=bool)
-        chosen[head] = True
-        return [names[i] for i in head.tolist()], _Rest(self, pool[~chosen[pool]])
+        return [names[i] for i in head.tolist()], _Rest(self, pool, head)
 
     def names_of(self, indices: np.ndarray) -> list[str]:
         names = self.names

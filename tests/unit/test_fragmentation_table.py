@@ -192,3 +192,21 @@ def test_columns_kept_up_to_date_equal_a_full_recomputation(weights, ops):
     live_sids = {int(table._sid[table._slot[x]]) for x in names}
     assert sum(table._refs[i] for i in live_sids) == len(names)
     assert all(table._refs[i] == 0 for i in table._spare)
+
+
+def test_the_key_order_pops_nodes_as_a_heap_of_every_candidate_would():
+    from hami.node_order import _KeyOrder, _Node
+
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        nodes = [_Node(f"n{rng.randint(0, 99):02d}-{i}") for i in range(n)]
+        keys = np.array([rng.choice([0.0, -0.5, 1.25, math.inf]) for _ in range(n)])
+        scores = [float(rng.randint(0, 3)) for _ in range(n)]
+        want = [x.name for _, _, x in sorted(zip(zip(keys.tolist(), [-s for s in scores]), nodes, nodes),
+                                             key=lambda e: (e[0], e[1].name))]  # fmt: skip
+        order = _KeyOrder(nodes, keys, scores)
+        got = []
+        while order:
+            got.append(order.pop().name)
+        assert got == want
