@@ -27,11 +27,14 @@ bind-phase ``success`` and the lock is released. Any refusal sets bind-phase ``f
 exists) and releases the lock (owner-checked), so the node is free for the next pod at once.
 
 After a node reboot kubelet may call Allocate again for containers it had admitted before (it found no
-assignment in its checkpoint). No lock is held then; the containers belong to pods that are Running,
-in bind-phase ``success``, with every entry of to-allocate served. Such a request is answered from the
-pod's ``hami.io/vgpu-devices-allocated`` (which the plugin never changes), without writing anything:
-the container whose recorded cards are the cards of kubelet's ids, else the only candidate of that
-device count. Candidates that differ in cards or limits are refused rather than guessed between.
+assignment in its checkpoint). No lock is held then. Such a request is answered only from the plugin's
+own record of what it served (`device_plugin.served`, host files no container mounts), never from pod
+annotations, and only when the reboot is proven: the node's boot ID differs from the one recorded
+when the container was served. Each container is served again once per boot; every device pod on the
+node must have a record (a pod the plugin never served could be the one kubelet asks for); the
+container whose recorded cards are the cards of kubelet's ids is chosen, else the only candidate of
+that device count, and candidates that differ in cards or limits are refused rather than guessed
+between. Nothing is written to the pods.
 
 `Allocator` is assembled from its parts: `device_plugin.lock_holder` (finding and validating the lock
 holder, the refusal path), `device_plugin.recorded_cards` (kubelet's ids against the recorded cards,
@@ -46,7 +49,7 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,6 +73,7 @@ from device_plugin.lock_holder import LockHolder, PendingPod
 from device_plugin.recorded_cards import CARD_MISMATCH_REASON, EVENT_COMPONENT, VENDOR, RecordedCards
 from hami import annotations as ann
 from hami.model import ContainerDevice
+from hami.vendors.nvidia import NvidiaConfig
 
 __all__ = [
     "CARD_MISMATCH_REASON",
@@ -134,8 +138,12 @@ class AllocatorSettings:
     hook_path: str = "/usr/local"
     lock_dir: str = "/tmp/vgpulock"
     memory_scaling: float = 1.0
+    core_scaling: float = 1.0
     lib_cuda_log_level: str = "1"
     disable_core_limit: bool = False
+    #: The node's ``nvidia`` device config: how a container's spec reads as a request (resource names,
+    #: memoryFactor, defaultMemory, defaultCores), the ceiling of what Allocate serves.
+    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
 
     @property
     def vgpu_dir(self) -> Path:
@@ -156,7 +164,9 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
         on_preferred_fallback: Callable[[str], None] | None = None,
         on_card_mismatch: Callable[[], None] | None = None,
         on_readmitted: Callable[[], None] | None = None,
+        mode_responder: Any = None,
     ) -> None:
+        self.mode_responder = mode_responder  # mig / mps mode (device_plugin.mig, device_plugin.mps)
         self.kube = kube
         self.state = state
         self.settings = settings
@@ -171,9 +181,6 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
         # pod uid -> device ids served to its init containers (kubelet may reuse them for later containers);
         # dropped when the pod's last container is served.
         self._init_ids: dict[str, set[str]] = {}
-        # (pod uid, container position) served again after a restart by this process: kubelet asks once
-        # per container, so a served one is no candidate for the next request.
-        self._readmitted: set[tuple[str, int]] = set()
 
     # ----- GetPreferredAllocation
 
@@ -240,6 +247,7 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
                 return await self._readmit(requests, e)
             entries = [list(e) for e in pending.entries]
             responses = []
+            served: list[tuple[int, str, list[ContainerDevice]]] = []
             for ids in requests:
                 idx = next((i for i, e in enumerate(entries) if e), None)
                 if idx is None:
@@ -250,6 +258,7 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
                         f"of {ann.NVIDIA_TO_ALLOCATE} is already served",
                     )
                 responses.append(await self._serve_container(pending, idx, entries[idx], list(ids)))
+                served.append((idx, pending.containers[idx].get("name", ""), entries[idx]))
                 entries[idx] = []
             done = not any(entries)
             patch: dict[str, str | None] = {ann.NVIDIA_TO_ALLOCATE: ann.encode_pod_devices(entries)}
@@ -266,6 +275,8 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
                 )
             except AllocationRefused as e:
                 raise await self._fail(pending.pod, e.reason, e.message) from None
+            # What was served, for a repeated Allocate after a reboot (device_plugin.served).
+            await self._remember_served(pending, served)
             if done:
                 self._init_ids.pop(pending.uid, None)
                 await self._release(pending.namespace, pending.name)

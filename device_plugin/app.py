@@ -12,6 +12,7 @@ import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -21,9 +22,15 @@ from device_plugin.backends.base import Backend
 from device_plugin.devices import DeviceState
 from device_plugin.kubelet import KubeletRegistration
 from device_plugin.metrics import PluginMetrics, metrics_app
+from device_plugin.mig.manager import APPLY_LOCK
+from device_plugin.mps.daemon import CONTROL as MPS_CONTROL
 from device_plugin.node_register import INTERVAL_S, NodeRegistrar
 from device_plugin.routes import DevicePluginService
 from hami.config import DeviceConfig
+from hami.errors import ConfigError
+from hami.model import MIG_MODE, MPS_MODE
+
+MIG_INTERVAL_S = 5.0  # HAMi's reconcile period
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,22 @@ class PluginOptions:
     """Seconds between node registration annotation checks (default 30 s)."""
     poll_s: float = 0.25
     """Seconds between checks of kubelet's socket (re-registration after a kubelet restart)."""
+    mig_apply_lock: str = APPLY_LOCK
+    """`mig` mode: HAMi's MIG apply lock file, present while instances are being changed."""
+    mig_reconcile_s: float = MIG_INTERVAL_S
+    """`mig` mode: seconds between reconciliations of the MIG instances with the pods (HAMi: 5 s)."""
+    mps_control: str = MPS_CONTROL
+    """`mps` mode: the MPS control daemon's program (``nvidia-cuda-mps-control``)."""
+
+    @property
+    def mig_ledger(self) -> Path:
+        """`mig` mode: the file listing the MIG instances this plugin made (``<hook>/vgpu/mig``)."""
+        return Path(self.hook_path) / "vgpu" / "mig" / "instances.json"
+
+    @property
+    def mps_root(self) -> Path:
+        """`mps` mode: where each card's MPS pipe and log directories live (``<hook>/vgpu/mps``)."""
+        return Path(self.hook_path) / "vgpu" / "mps"
 
 
 class DevicePluginApp:
@@ -72,6 +95,10 @@ class DevicePluginApp:
         self.registration: KubeletRegistration | None = None
         self.registrar: NodeRegistrar | None = None
         self.allocator: Allocator | None = None
+        self.mode = self.nvidia.operatingMode
+        self.mig: Any = None  # device_plugin.mig.controller.MigController in mig mode
+        self.mps: Any = None  # device_plugin.mps.daemon.MpsDaemons in mps mode
+        self._mode_responder: Any = None
         self.metrics_url: str | None = None
         self._tasks: list[asyncio.Task] = []
         self._runner: web.AppRunner | None = None
@@ -90,9 +117,13 @@ class DevicePluginApp:
         )
         self.metrics.update_devices(self.state)
         log.info(
-            "node %s: %d card(s) via %s backend, split %d, resource %s",
-            o.node_name, len(cards), self.backend.name, self.nvidia.deviceSplitCount, self.resource_name,
+            "node %s: %d card(s) via %s backend, mode %s, split %d, resource %s",
+            o.node_name, len(cards), self.backend.name, self.mode, self.nvidia.deviceSplitCount, self.resource_name,
         )  # fmt: skip
+        if self.mode == MIG_MODE:
+            await self._start_mig(cards)
+        elif self.mode == MPS_MODE:
+            self._start_mps(cards)
         policy = self._policy()
         self.registration = KubeletRegistration(
             lambda: DevicePluginService(
@@ -110,17 +141,56 @@ class DevicePluginApp:
         await self.registration.start()
         self._spawn(self.backend.watch_health(self._health), "health")
         if self.kube is not None:
+            mig = self.mode == MIG_MODE  # a MIG card registers its memory and cores unscaled (HAMi)
             self.registrar = NodeRegistrar(
                 self.kube,
                 o.node_name,
                 self.state,
-                memory_scaling=self.nvidia.deviceMemoryScaling,
-                core_scaling=self.nvidia.deviceCoreScaling,
+                memory_scaling=1.0 if mig else self.nvidia.deviceMemoryScaling,
+                core_scaling=1.0 if mig else self.nvidia.deviceCoreScaling,
+                mode=self.mode,
                 interval_s=o.register_interval_s,
                 on_patch=self.metrics.register_patches.inc,
                 on_error=self.metrics.register_errors.inc,
             )
             self._spawn(self.registrar.run(), "node-register")
+
+    async def _start_mig(self, cards: Sequence[Any]) -> None:
+        """`mig` mode: the MIG instance manager over the backend's NVML, a first reconciliation (adopt,
+        clean up, find foreign instances), the periodic one, and the Allocate responder."""
+        from device_plugin.mig.allocate import MigResponder
+        from device_plugin.mig.controller import MigController
+        from device_plugin.mig.manager import MigManager
+
+        backend: Any = self.backend
+        if not hasattr(backend, "mig_profiles"):
+            raise ConfigError(f"operatingmode mig needs the nvidia backend, not --backend {backend.name}")
+        manager = MigManager(
+            backend.mig,
+            {c.uuid: (lambda u=c.uuid: backend.handle(u)) for c in cards},
+            backend.mig_profiles,
+            ledger=self.options.mig_ledger,
+            apply_lock=self.options.mig_apply_lock,
+        )
+        self.mig = MigController(
+            self.kube, self.state, manager, node_name=self.options.node_name, scheduler_name=self.scheduler_name,
+            interval_s=self.options.mig_reconcile_s,
+        )  # fmt: skip
+        if self.kube is not None:
+            await self.mig.reconcile_once()
+            self._spawn(self.mig.run(), "mig-reconcile")
+            self._mode_responder = MigResponder(self.kube, manager, self.mig)
+
+    def _start_mps(self, cards: Sequence[Any]) -> None:
+        """`mps` mode: one MPS control daemon per card, kept running; the Allocate responder."""
+        from device_plugin.mps.allocate import MpsResponder
+        from device_plugin.mps.daemon import MpsDaemons
+
+        self.mps = MpsDaemons(
+            [c.uuid for c in cards], self.options.mps_root, control=self.options.mps_control
+        )
+        self.mps.start()
+        self._mode_responder = MpsResponder(self.mps)
 
     def _spawn(self, coro: Coroutine[object, object, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -146,13 +216,16 @@ class DevicePluginApp:
                 hook_path=self.options.hook_path,
                 lock_dir=self.options.lock_dir,
                 memory_scaling=self.nvidia.deviceMemoryScaling,
+                core_scaling=self.nvidia.deviceCoreScaling,
                 lib_cuda_log_level=str(self.nvidia.libCudaLogLevel),
                 disable_core_limit=self.nvidia.disableCoreLimit,
+                nvidia=self.nvidia,
             ),
             on_allocated=self.metrics.allocations.inc,
             on_preferred_fallback=lambda r: self.metrics.preferred_fallbacks.labels(reason=r).inc(),
             on_card_mismatch=self.metrics.card_mismatches.inc,
             on_readmitted=self.metrics.readmissions.inc,
+            mode_responder=self._mode_responder,
         )
         return self.allocator
 
@@ -187,6 +260,8 @@ class DevicePluginApp:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
+        if self.mps is not None:
+            await self.mps.stop()
         if self.registration is not None:
             await self.registration.stop()
         if self._runner is not None:

@@ -220,7 +220,12 @@ async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> 
         kube = KubeClient.from_kubeconfig(o.kubeconfig)
     nvidia = o.config.nvidia_for_node(plugin_options.node_name)
     backend = backends.make_backend(
-        o.backend, fake_config=o.fake_config, preconfigured_memory_mib=nvidia.preConfiguredDeviceMemory
+        o.backend,
+        fake_config=o.fake_config,
+        preconfigured_memory_mib=nvidia.preConfiguredDeviceMemory,
+        operating_mode=nvidia.operatingMode,
+        mig_strategy=nvidia.migStrategy,
+        mig_allowlist=nvidia.migProfileAllowlist,
     )
     app = DevicePluginApp(plugin_options, backend, kube)
     stop = stop or asyncio.Event()

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from hami.model import Device
+from hami.model import Device, MigProfile
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,9 @@ class Card:
 
     `memory_mib` is the card's total memory in MiB before deviceMemoryScaling; `model` is the registered
     type string (``NVIDIA-`` rule already applied, see `nvidia_type`); `numa` is the NUMA node id or None
-    when unknown.
+    when unknown. A card in MIG mode carries the MIG profiles it offers (`mig_profiles`) and `slots`,
+    the most instances it takes of one of them: its virtual devices and its registered count (None:
+    the split count).
     """
 
     uuid: str
@@ -35,6 +37,8 @@ class Card:
     memory_mib: int
     numa: int | None = None
     healthy: bool = True
+    mig_profiles: tuple[MigProfile, ...] = ()
+    slots: int | None = None
 
 
 def nvidia_type(name: str) -> str:
@@ -68,10 +72,15 @@ class DeviceState:
         self.numa_topology = numa_topology
         self._cards: dict[str, Card] = {c.uuid: c for c in sorted(cards, key=lambda c: c.index)}
         self._by_id: dict[str, str] = {
-            replica_id(c.uuid, i): c.uuid for c in self._cards.values() for i in range(split_count)
+            replica_id(c.uuid, i): c.uuid for c in self._cards.values() for i in range(self._slots(c))
         }
+        # Cards kept out of service by the plugin itself (MIG instances it does not own), with why.
+        self._blocked: dict[str, str] = {}
         self._version = 0
         self._changed = asyncio.Event()
+
+    def _slots(self, card: Card) -> int:
+        return card.slots or self.split_count
 
     # ----- reading
 
@@ -94,16 +103,25 @@ class DeviceState:
 
     def replicas(self, uuid: str) -> list[str]:
         """The virtual ids of card `uuid`, replica 0 first ([] for an unknown card)."""
-        if uuid not in self._cards:
+        card = self._cards.get(uuid)
+        if card is None:
             return []
-        return [replica_id(uuid, i) for i in range(self.split_count)]
+        return [replica_id(uuid, i) for i in range(self._slots(card))]
+
+    def usable(self, card: Card) -> bool:
+        """Healthy and not blocked by the plugin (`set_blocked`)."""
+        return card.healthy and card.uuid not in self._blocked
+
+    def blocked(self) -> dict[str, str]:
+        """Cards the plugin keeps out of service, with the reason."""
+        return dict(self._blocked)
 
     def virtual_devices(self) -> list[tuple[str, bool, int | None]]:
         """Every virtual device as (id, healthy, numa or None), cards in index order."""
         return [
-            (replica_id(c.uuid, i), c.healthy, c.numa if self.numa_topology else None)
+            (replica_id(c.uuid, i), self.usable(c), c.numa if self.numa_topology else None)
             for c in self._cards.values()
-            for i in range(self.split_count)
+            for i in range(self._slots(c))
         ]
 
     def registration(
@@ -112,19 +130,21 @@ class DeviceState:
         """The cards as `hami.model.Device`s for `hami.io/node-nvidia-register` (§1.6.1, §3.2).
 
         devmem = MiB x memory_scaling (truncated to an integer as Go's uint conversion does), devcore =
-        100 x core_scaling, count = split count, numa 0 when unknown.
+        100 x core_scaling, count = split count (a MIG card's own `slots`), numa 0 when unknown; a card
+        the plugin blocks registers as unhealthy.
         """
         return [
             Device(
                 uuid=c.uuid,
                 index=c.index,
-                count=self.split_count,
+                count=self._slots(c),
                 devmem=int(c.memory_mib * memory_scaling),
                 devcore=int(100 * core_scaling),
                 type=c.model,
                 numa=c.numa or 0,
                 mode=mode,
-                health=c.healthy,
+                health=self.usable(c),
+                mig_profiles=c.mig_profiles,
             )
             for c in self._cards.values()
         ]
@@ -158,6 +178,25 @@ class DeviceState:
             self._changed.set()
             self._changed = asyncio.Event()
         return changed
+
+    def set_blocked(self, uuid: str, reason: str | None) -> bool:
+        """Keep card `uuid` out of service for `reason` (None: back in service); True when it changed.
+
+        Separate from health: a card the plugin blocks (foreign MIG instances on it) comes back when
+        the cause is gone, while an XID failure stays until the card is reset.
+        """
+        if uuid not in self._cards or self._blocked.get(uuid) == reason:
+            return False
+        if reason is None:
+            self._blocked.pop(uuid, None)
+            log.warning("card %s is back in service", uuid)
+        else:
+            self._blocked[uuid] = reason
+            log.warning("card %s is out of service: %s", uuid, reason)
+        self._version += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+        return True
 
     async def wait_change(self, version: int, timeout: float | None = None) -> int:
         """Wait until the version differs from `version` (or `timeout` seconds pass); return the version."""

@@ -2,9 +2,11 @@
 annotations; and the failure path that marks it failed and releases the lock (hami-legacy-spec §2.7).
 
 Every doubt is a refusal naming pod and mismatch (see `device_plugin.allocator` for the full rules):
-the lock must name an existing pod (a vanished owner's lock is released), bound here by our scheduler,
-in bind-phase ``allocating`` with a bind-time, whose ``hami.io/vgpu-devices-to-allocate`` and
-``hami.io/vgpu-devices-allocated`` match its containers one to one.
+the lock must name an existing pod (a vanished owner's lock is released), not finished, bound here by
+our scheduler, in bind-phase ``allocating`` with a bind-time, whose ``hami.io/vgpu-devices-to-allocate``
+and ``hami.io/vgpu-devices-allocated`` match its containers one to one and each other; where the
+extender stamped the lock (``hami.io/mutex.lock-allocation``) the pod must be the UID it was taken for
+and its allocation the one decided; and no other pod of ours may be between Bind and Allocate here.
 
 `LockHolder` is a mixin of `device_plugin.allocator.Allocator`, which holds the state.
 """
@@ -40,6 +42,8 @@ class PendingPod:
     entries: list[list[ContainerDevice]]
     containers: list[dict]
     n_init: int = 0
+    boot_id: str = ""  # the node's status.nodeInfo.bootID when it was read for this request
+    node_pods: frozenset[str] = frozenset()  # UIDs of the pods listed on this node for this request
 
     @property
     def namespace(self) -> str:
@@ -70,7 +74,6 @@ class LockHolder:
     on_readmitted: Callable[[], None]
     _release_lock: Callable[..., bool]
     _init_ids: dict[str, set[str]]
-    _readmitted: set[tuple[str, int]]
 
     async def _pending_pod(self, *, mutate: bool = True) -> PendingPod:
         """The pod named by this node's lock, validated. Raises AllocationRefused.
@@ -113,6 +116,16 @@ class LockHolder:
         ref = f"{lock.namespace}/{lock.name}"
         spec = pod.get("spec") or {}
         annos = ann.pod_annotations(pod)
+        stamp_problem = self._stamp_problem(node, pod, ref, annos)
+        if stamp_problem:
+            raise await fail(pod, "not_decided", stamp_problem)
+        meta = pod.get("metadata") or {}
+        if meta.get("deletionTimestamp") or pods.is_terminal(pod):
+            raise await fail(
+                pod,
+                "lock_owner_gone",
+                f"pod {ref} holding the node lock on {s.node_name} is finished or being deleted",
+            )
         checks = [
             (spec.get("schedulerName") == s.scheduler_name, "foreign_scheduler",
              f"pod {ref} was scheduled by {spec.get('schedulerName')!r}, not {s.scheduler_name!r}; "
@@ -146,8 +159,86 @@ class LockHolder:
         problem = self._record_problem(ref, annos, entries, containers)
         if problem:
             raise await fail(pod, "bad_annotation", problem)
+        other, node_pods = await self._other_pod_in_flight(pod)
+        if other is not None:
+            # Not `fail`: which of the two kubelet is admitting cannot be told, so neither is marked.
+            raise AllocationRefused(
+                "ambiguous",
+                f"pods {ref} (holding the node lock) and {other} are both between Bind and Allocate on node "
+                f"{s.node_name} (a lock taken over after its expiry); kubelet's request names no pod, so "
+                "neither is served the other's cards or limits",
+            )
         n_init = pods.init_count(pod)
-        return PendingPod(pod=pod, entries=entries, containers=containers, n_init=n_init)
+        boot_id = str(((node.get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
+        return PendingPod(
+            pod=pod,
+            entries=entries,
+            containers=containers,
+            n_init=n_init,
+            boot_id=boot_id,
+            node_pods=node_pods,
+        )
+
+    def _stamp_problem(
+        self, node: Mapping[str, Any], pod: dict, ref: str, annos: Mapping[str, str]
+    ) -> str | None:
+        """Why the lock holder is not the pod, or its allocation not the one, the lock was taken for.
+
+        The extender writes ``hami.io/mutex.lock-allocation`` with the lock, on the Node (which pod
+        owners cannot write): the pod's UID and the digest of the allocation it decided. A pod
+        re-created under the holder's name, or an allocation its owner rewrote after Bind, differs.
+        Without a stamp (HAMi's own scheduler writes none) the other checks and the spec's ceiling
+        still apply.
+        """
+        value = ann.pod_annotations(node).get(ann.NODE_LOCK_ALLOCATION)
+        if not value:
+            return None
+        try:
+            stamp = ann.decode_allocation_stamp(value)
+        except AnnotationError as e:
+            return f"node {self.settings.node_name}: {ann.NODE_LOCK_ALLOCATION}: {e}"
+        uid = (pod.get("metadata") or {}).get("uid", "")
+        if stamp.uid != uid:
+            return (
+                f"the node lock on {self.settings.node_name} was taken for pod UID {stamp.uid}, but pod {ref} "
+                f"is UID {uid} (deleted and created again under the same name?)"
+            )
+        if ann.NVIDIA_ALLOCATED in stamp.digests and not stamp.matches(
+            ann.NVIDIA_ALLOCATED, annos.get(ann.NVIDIA_ALLOCATED)
+        ):
+            return (
+                f"pod {ref}: {ann.NVIDIA_ALLOCATED}={annos.get(ann.NVIDIA_ALLOCATED)!r} is not what the scheduler "
+                "decided for it (changed after Bind)"
+            )
+        return None
+
+    async def _other_pod_in_flight(self, holder: dict) -> tuple[str | None, frozenset[str]]:
+        """Another pod of ours bound to this node with cards still to allocate (bind-phase allocating),
+        or None, and the UIDs of the pods on this node. Only the lock serialises Allocate per node, and
+        kubelet names no pod: with two such pods (the holder's lock taken over after its expiry,
+        HAMi#3096) a request could be either's."""
+        s = self.settings
+        listed = await self._call(self.kube.list_pods, field_selector=f"spec.nodeName={s.node_name}")
+        uid = (holder.get("metadata") or {}).get("uid")
+        uids = frozenset(str((p.get("metadata") or {}).get("uid", "")) for p in listed) | {str(uid)}
+        for p in listed:
+            meta = p.get("metadata") or {}
+            annos = ann.pod_annotations(p)
+            if (
+                meta.get("uid") == uid
+                or meta.get("deletionTimestamp")
+                or pods.is_terminal(p)
+                or (p.get("spec") or {}).get("schedulerName") != s.scheduler_name
+                or annos.get(ann.BIND_PHASE) != ann.BindPhase.ALLOCATING.value
+            ):
+                continue
+            try:
+                left = ann.decode_pod_devices(annos.get(ann.NVIDIA_TO_ALLOCATE, ""))
+            except AnnotationError:
+                continue
+            if any(left):
+                return f"{meta.get('namespace')}/{meta.get('name')}", uids
+        return None, uids
 
     def _record_problem(
         self, ref: str, annos: Mapping[str, str], entries: list[list[ContainerDevice]], containers: list[dict]
@@ -177,6 +268,13 @@ class LockHolder:
             )
         for ctr, entry, kept in zip(containers, entries, recorded, strict=True):
             name = ctr.get("name", "?")
+            if entry and entry != kept:
+                # The scheduler writes both lists alike; the plugin only empties served entries.
+                return (
+                    f"pod {ref} container {name}: its {ann.NVIDIA_TO_ALLOCATE} entry "
+                    f"{ann.encode_container_devices(entry)!r} differs from {ann.NVIDIA_ALLOCATED} "
+                    f"{ann.encode_container_devices(kept)!r}"
+                )
             limit = ((ctr.get("resources") or {}).get("limits") or {}).get(resource)
             try:
                 wants = 0 if limit is None else to_count(limit, resource=f"{resource} limit")

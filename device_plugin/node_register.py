@@ -37,7 +37,8 @@ class NodeKube(Protocol):
 class NodeRegistrar:
     """Keeps the registration annotation of `node_name` equal to `state`'s cards.
 
-    `memory_scaling` / `core_scaling` are the node's effective deviceMemoryScaling / deviceCoreScaling.
+    `memory_scaling` / `core_scaling` are the node's effective deviceMemoryScaling / deviceCoreScaling,
+    `mode` its operating mode (`hami-core`, `mig`, `mps`), which every card registers with.
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class NodeRegistrar:
         *,
         memory_scaling: float = 1.0,
         core_scaling: float = 1.0,
+        mode: str = "hami-core",
         interval_s: float = INTERVAL_S,
         retry_s: float = RETRY_S,
         clock: Callable[[], datetime] = datetime.now,
@@ -59,6 +61,7 @@ class NodeRegistrar:
         self.state = state
         self.memory_scaling = memory_scaling
         self.core_scaling = core_scaling
+        self.mode = mode
         self.interval_s = interval_s
         self.retry_s = retry_s
         self.clock = clock
@@ -68,7 +71,9 @@ class NodeRegistrar:
 
     def encode(self) -> str:
         """The annotation value for the current cards and health."""
-        devices = self.state.registration(memory_scaling=self.memory_scaling, core_scaling=self.core_scaling)
+        devices = self.state.registration(
+            memory_scaling=self.memory_scaling, core_scaling=self.core_scaling, mode=self.mode
+        )
         return ann.encode_node_devices_json(devices)
 
     def sync_once(self) -> bool:

@@ -4,9 +4,9 @@ after a node reboot (hami-legacy-spec §2.7, §2.8).
 A container gets the recorded cards (``hami.io/vgpu-devices-to-allocate``); kubelet's device count and
 the container's limit must agree with them, and every card must be ours. When kubelet's ids sit on other
 cards (its Topology Manager, say) the container still gets the recorded cards, and the mismatch is a
-Warning event (`CARD_MISMATCH_REASON`) and a metric. After a reboot, with no lock held, a request is
-answered read-only from the ``hami.io/vgpu-devices-allocated`` of Running pods when exactly one kind of
-container fits it.
+Warning event (`CARD_MISMATCH_REASON`) and a metric. After a proven reboot (the node's boot ID changed),
+with no lock held, a request is answered from the plugin's own record of what it served
+(`device_plugin.served`), never from pod annotations, when exactly one kind of container fits it.
 
 `RecordedCards` is a mixin of `device_plugin.allocator.Allocator`, which holds the state.
 """
@@ -23,11 +23,12 @@ from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused
 from device_plugin.lock_holder import PendingPod
-from hami import annotations as ann
+from device_plugin.served import SERVED_DIR, ServedRecords
 from hami import pods
-from hami.errors import AnnotationError
+from hami.errors import InvalidRequest
 from hami.model import ContainerDevice
-from hami.vendors.nvidia import control_disabled
+from hami.spec_limits import asked_on
+from hami.vendors.nvidia import NvidiaVendor, control_disabled
 
 if TYPE_CHECKING:
     from device_plugin.allocator import AllocatorSettings, Kube
@@ -54,7 +55,6 @@ class RecordedCards:
     on_readmitted: Callable[[], None]
     _release_lock: Callable[..., bool]
     _init_ids: dict[str, set[str]]
-    _readmitted: set[tuple[str, int]]
 
     if TYPE_CHECKING:
         # Provided by the other parts of Allocator.
@@ -64,7 +64,13 @@ class RecordedCards:
             self, ref: str, annos: Any, entries: list[list[ContainerDevice]], containers: list[dict]
         ) -> str | None: ...
         async def _respond(
-            self, pending: PendingPod, ctr: dict, entry: list[ContainerDevice], refuse: Callable[[str, str], Any]
+            self,
+            pending: PendingPod,
+            ctr: dict,
+            entry: list[ContainerDevice],
+            refuse: Callable[[str, str], Any],
+            *,
+            fresh: bool = True,
         ) -> pb.ContainerAllocateResponse: ...
         def _prefer(
             self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]
@@ -104,6 +110,9 @@ class RecordedCards:
             raise await refuse(
                 "unknown_card", f"recorded card(s) {unknown} are not cards of node {s.node_name}"
             )
+        beyond = self._beyond_the_spec(ctr, entry)
+        if beyond:
+            raise await refuse("beyond_spec", beyond)
         physical = [self.state.card_of(i) for i in ids]
         if None in physical:
             bad = [i for i, p in zip(ids, physical, strict=True) if p is None]
@@ -135,6 +144,40 @@ class RecordedCards:
         if idx < pending.n_init:
             self._init_ids.setdefault(pending.uid, set()).update(ids)
         return await self._respond(pending, ctr, entry, refuse)
+
+    def _beyond_the_spec(self, ctr: dict, entry: list[ContainerDevice]) -> str | None:
+        """Why `entry` serves more than the container's spec asks or than a card has, or None.
+
+        The spec's device requests are written by the pod's owner, but they cannot change after
+        creation and are what the scheduler fitted; the annotations could have been rewritten since.
+        So no card is served more memory than the spec asks on it (MiB, percent of the card, or the
+        whole card; `hami.spec_limits.asked_on`) nor than its registered memory, and no more SM
+        percent than the spec asks (at most 100).
+        """
+        s = self.settings
+        if _isolated_by_instance(getattr(self, "mode_responder", None)):
+            return None  # mig mode: a whole MIG instance of the reserved profile is the isolation
+        try:
+            req = NvidiaVendor(s.nvidia).container_request(ctr)
+        except InvalidRequest as e:
+            return f"its request cannot be read: {e}"
+        if req is None:
+            return f"it does not limit {s.resource_name}"
+        registered = self.state.registration(memory_scaling=s.memory_scaling, core_scaling=s.core_scaling)
+        cards = {d.uuid: d for d in registered}
+        for d in entry:
+            card = cards.get(d.uuid)
+            if card is None:
+                continue  # refused as an unknown card
+            mem, cores = asked_on(req, card)
+            if d.usedmem > min(mem, card.devmem):
+                return (
+                    f"recorded {d.usedmem} MiB on card {d.uuid}, but the container asks {mem} MiB there and the "
+                    f"card has {card.devmem} MiB"
+                )
+            if d.usedcores > min(cores, 100):
+                return f"recorded {d.usedcores} % of card {d.uuid}'s SMs, but the container asks {cores} %"
+        return None
 
     async def _card_mismatch(
         self,
@@ -168,54 +211,87 @@ class RecordedCards:
 
     # ----- Allocate again after a node reboot
 
-    async def _running_pods(self) -> list[PendingPod]:
-        """Pods on this node whose allocation is complete: ours, bound here, bind-phase ``success``,
-        Running, every entry of to-allocate served; `entries` are their recorded (allocated) cards."""
+    def _served(self) -> ServedRecords:
+        return ServedRecords(self.settings.vgpu_dir / SERVED_DIR)
+
+    async def _remember_served(
+        self, pending: PendingPod, served: Sequence[tuple[int, str, list[ContainerDevice]]]
+    ) -> None:
+        """Record the containers just served through the lock (and forget pods no longer on the node)."""
+        if not served or not pending.uid:
+            return
+        records = self._served()
+        try:
+            await asyncio.to_thread(
+                records.record, pending.uid, pending.namespace, pending.name, served, pending.boot_id
+            )
+            if pending.node_pods:
+                await asyncio.to_thread(records.prune, set(pending.node_pods))
+        except (OSError, ValueError) as e:  # the allocation stands; only a later re-admission is off
+            log.warning("could not record what pod %s was served: %s", pending.ref(), e)
+
+    async def _reboot_candidates(self) -> tuple[list[PendingPod], str] | str:
+        """The pods whose containers may be served again now, and the node's boot ID; or why none may.
+
+        A candidate container was served by this plugin (its record) in another boot than the node's
+        current one (`status.nodeInfo.bootID`) and not again since; its pod still exists on this node,
+        scheduled by us, not finished. Any other pod on the node that limits the resource and has no
+        record of its own makes every request ambiguous (it could be the one kubelet asks for).
+        """
         s = self.settings
+        node = await self._call(self.kube.get_node, s.node_name)
+        boot = str((((node or {}).get("status") or {}).get("nodeInfo") or {}).get("bootID") or "")
+        if not boot:
+            return f"node {s.node_name} reports no status.nodeInfo.bootID, so a reboot cannot be proven"
         listed = await self._call(self.kube.list_pods, field_selector=f"spec.nodeName={s.node_name}")
-        out = []
+        records = {r.uid: r for r in await asyncio.to_thread(self._served().all)}
+        out, unexplained = [], []
         for pod in listed:
-            spec, annos = pod.get("spec") or {}, ann.pod_annotations(pod)
-            if not (
-                spec.get("schedulerName") == s.scheduler_name
-                and spec.get("nodeName") == s.node_name
-                and annos.get(ann.ASSIGNED_NODE) == s.node_name
-                and annos.get(ann.BIND_PHASE) == ann.BindPhase.SUCCESS.value
-                and (pod.get("status") or {}).get("phase") == "Running"
-                and ann.NVIDIA_TO_ALLOCATE in annos
-                and ann.NVIDIA_ALLOCATED in annos
-            ):
-                continue
-            try:
-                left = ann.decode_pod_devices(annos[ann.NVIDIA_TO_ALLOCATE])
-                recorded = ann.decode_pod_devices(annos[ann.NVIDIA_ALLOCATED])
-            except AnnotationError:
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp") or pods.is_terminal(pod):
                 continue
             containers = pods.containers(pod)
-            ref = f"{pod['metadata'].get('namespace')}/{pod['metadata'].get('name')}"
-            if any(left) or len(recorded) != len(containers):
+            wants = [i for i, c in enumerate(containers) if _limits(c, s.resource_name)]
+            if not wants:
                 continue
-            if self._record_problem(ref, annos, [[] for _ in containers], containers) is not None:
+            ref = f"{meta.get('namespace')}/{meta.get('name')}"
+            rec = records.get(meta.get("uid", ""))
+            spec = pod.get("spec") or {}
+            if (
+                rec is None
+                or spec.get("schedulerName") != s.scheduler_name
+                or any(i not in rec.containers for i in wants)
+            ):
+                unexplained.append(ref)
                 continue
-            out.append(
-                PendingPod(pod=pod, entries=recorded, containers=containers, n_init=pods.init_count(pod))
+            # Served in an earlier boot the node reported (a record without a boot ID proves nothing).
+            entries = [
+                list(rec.containers[i].devices)
+                if i in rec.containers and rec.containers[i].boot_id not in ("", boot)
+                else []
+                for i in range(len(containers))
+            ]
+            out.append(PendingPod(pod=pod, entries=entries, containers=containers, n_init=pods.init_count(pod),
+                                  boot_id=boot))  # fmt: skip
+        if unexplained:
+            return (
+                f"pod(s) {', '.join(sorted(unexplained))} on node {s.node_name} limit {s.resource_name} but were "
+                "never served by this plugin; a request could be theirs, so none is served again"
             )
         out.sort(key=lambda p: (p.namespace, p.name))
-        return out
+        return out, boot
 
     def _readmission_choice(
         self, running: list[PendingPod], ids: Sequence[str] | None, size: int
     ) -> tuple[PendingPod, int] | str:
         """The container a request of `size` devices (kubelet's `ids`, None for a preference) is for, or
         why none can be chosen. Prefers the containers whose recorded cards are the cards of `ids`."""
-        options = [
-            (p, i)
-            for p in running
-            for i, e in enumerate(p.entries)
-            if e and len(e) == size and (p.uid, i) not in self._readmitted
-        ]
+        options = [(p, i) for p in running for i, e in enumerate(p.entries) if e and len(e) == size]
         if not options:
-            return f"no Running pod on node {self.settings.node_name} has a container of {size} card(s) to serve again"
+            return (
+                f"no pod on node {self.settings.node_name} has a container of {size} card(s) served before the "
+                "node's last boot and not again since"
+            )
         pool = options
         if ids is not None:
             cards = Counter(self.state.card_of(i) for i in ids)
@@ -235,7 +311,7 @@ class RecordedCards:
                 + ")"
                 for p, i in pool
             )
-            return f"containers of Running pods that differ in cards or limits could each be the one: {names}"
+            return f"containers that differ in cards or limits could each be the one: {names}"
         # Equal candidates get equal cards and limits, so taking the first is as good as knowing.
         return pool[0]
 
@@ -244,7 +320,10 @@ class RecordedCards:
     ) -> list[list[str]]:
         """Preferences for a request with no lock held: the cards of the container it is unambiguously
         for (see `_readmit`). Raises AllocationRefused when a request has no such container."""
-        running = await self._running_pods()
+        found = await self._reboot_candidates()
+        if isinstance(found, str):
+            raise AllocationRefused("no_entry", found)
+        running, _boot = found
         out = []
         for req in requests:
             choice = self._readmission_choice(running, None, req.allocation_size)
@@ -257,14 +336,20 @@ class RecordedCards:
     async def _readmit(
         self, requests: Sequence[Sequence[str]], no_lock: AllocationRefused
     ) -> list[pb.ContainerAllocateResponse]:
-        """kubelet asks again for containers admitted before a node reboot: answer from their records.
+        """kubelet asks again for containers admitted before a node reboot: answer from this plugin's
+        records of what it served them (`device_plugin.served`), once per container and boot.
 
-        Nothing is written (the pods run; their annotations stay as they are). Raises `no_lock`'s
-        refusal, completed by why no running container matches, without marking any pod failed.
+        Nothing is written to the pods (they run; their annotations stay as they are). Raises
+        `no_lock`'s refusal, completed by why no container can be served again, without marking any
+        pod failed.
         """
-        running = await self._running_pods()
+        found = await self._reboot_candidates()
+        if isinstance(found, str):
+            raise AllocationRefused(no_lock.reason, f"{no_lock.message}; {found}")
+        running, boot = found
         responses = []
-        chosen: list[tuple[str, int]] = []
+        chosen: list[tuple[str, str]] = []
+        records = self._served()
         for ids in requests:
             ids = list(ids)
             physical = [self.state.card_of(i) for i in ids]
@@ -299,15 +384,36 @@ class RecordedCards:
                 )
             if Counter(physical) != Counter(recorded):
                 await self._card_mismatch(pending.pod, ctr.get("name", "?"), ids, physical, recorded)
-            responses.append(await self._respond(pending, ctr, entry, refuse))
-            self._readmitted.add((pending.uid, idx))
+            responses.append(await self._respond(pending, ctr, entry, refuse, fresh=False))
+            try:
+                await asyncio.to_thread(
+                    records.record, pending.uid, pending.namespace, pending.name,
+                    [(idx, ctr.get("name", ""), entry)], boot,
+                )  # fmt: skip
+            except (OSError, ValueError) as e:
+                raise await refuse("host_dir", f"cannot record the re-admission: {e}") from None
+            pending.entries[idx] = []  # served again: no candidate for the next request of this call
             chosen.append((pending.ref(), ctr.get("name", "?")))
         for ref, name in chosen:
             self.on_allocated()
             self.on_readmitted()
             log.info(
-                "pod %s container %s served again from its recorded cards (no lock held: node restart)",
+                "pod %s container %s served again from this plugin's record (no lock held: boot %s)",
                 ref,
                 name,
+                boot,
             )
         return responses
+
+
+def _isolated_by_instance(responder: object) -> bool:
+    """Whether the node serves MIG instances (their profile's memory, not a share of the card)."""
+    if responder is None:
+        return False
+    from device_plugin.mig.allocate import MigResponder  # noqa: PLC0415 - only nodes in mig mode
+
+    return isinstance(responder, MigResponder)
+
+
+def _limits(container: dict, resource: str) -> bool:
+    return resource in ((container.get("resources") or {}).get("limits") or {})

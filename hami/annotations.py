@@ -9,6 +9,7 @@ working against our annotations.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from enum import StrEnum
 
 from hami import objects
 from hami.errors import AnnotationError
-from hami.model import ContainerDevice, Device
+from hami.model import ContainerDevice, Device, MigPlacement, MigProfile
 
 # Pod annotations written by the scheduler and the device plugin (§1.4).
 ASSIGNED_NODE = "hami.io/vgpu-node"  # annotation and label
@@ -37,6 +38,11 @@ WEBHOOK_IGNORE = "hami.io/webhook"  # label value "ignore" on a pod or namespace
 
 # Node annotations (§1.5).
 NODE_LOCK = "hami.io/mutex.lock"
+# Written with the node lock by this project's extender (HAMi's components ignore it): the UID of the
+# pod the lock was taken for and a digest of the allocation decided for it, on the Node, which pod
+# owners cannot write. The device plugin serves the lock holder only when both match (see
+# `AllocationStamp`).
+NODE_LOCK_ALLOCATION = "hami.io/mutex.lock-allocation"
 DEVICE_CORDON = "hami.io/device-cordon"
 NVIDIA_REGISTER = "hami.io/node-nvidia-register"
 NVIDIA_HANDSHAKE = "hami.io/node-handshake"
@@ -46,6 +52,16 @@ NVIDIA_SCORE = "hami.io/node-nvidia-score"
 CONTAINER_SEP = ";"
 DEVICE_SEP = ":"
 FIELD_SEP = ","
+
+#: The most bytes a registration may hold: Kubernetes' limit on all of an object's annotations together
+#: (256 KiB, TotalAnnotationSizeLimitB); a larger value cannot come from a real node.
+MAX_REGISTRATION_BYTES = 256 * 1024
+#: The deepest nesting of arrays and objects a registration may have. HAMi's deepest (a vendor's device
+#: objects with their custom info) is 4; Python's JSON decoder recurses once per level and fails with a
+#: RecursionError near 1000.
+MAX_JSON_DEPTH = 16
+#: The longest card id accepted (NVML UUIDs are 40 characters, MIG ones up to 47).
+MAX_CARD_ID = 128
 
 
 class BindPhase(StrEnum):
@@ -83,15 +99,21 @@ def _int_field(value: str, *, what: str) -> int:
 def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDevice]:
     """Decode one container entry (without its ``;``).
 
-    Fragments without a comma are ignored (HAMi writes none, but tolerates them), and so is the empty
+    An id may hold ``:`` (PCI bus ids): the pieces up to the one with the fields are joined back. Pieces
+    without a comma after the last device are ignored (HAMi writes none, but tolerates them), and so is the empty
     device ``,,0,0`` that some HAMi versions wrote for a container without devices (HAMi#991: the
     device plugin then failed with "unknown uuid"). A device with fewer than 4 fields, an empty uuid
     with a type or usage, or a non-integer memory/cores field raises AnnotationError naming the entry.
     """
     out: list[ContainerDevice] = []
+    prefix = ""
     for n, frag in enumerate(value.split(DEVICE_SEP)):
         if FIELD_SEP not in frag:
+            # Part of an id that holds ':' (a PCI bus id such as Kunlun's 0000:1a:00.0): the device ends
+            # at the ':' after its integer fields, so the pieces before the next comma are its id's.
+            prefix += frag + DEVICE_SEP
             continue
+        frag, prefix = prefix + frag, ""
         parts = frag.split(FIELD_SEP)
         if len(parts) < 4:
             raise AnnotationError(
@@ -152,6 +174,199 @@ def align_pod_devices(
 
 
 # ---------------------------------------------------------------------------------------------------
+# Bounded decoding of what node agents write: size, depth and the card id alphabet.
+
+
+def load_json(
+    value: str, *, max_bytes: int = MAX_REGISTRATION_BYTES, max_depth: int = MAX_JSON_DEPTH
+) -> object:
+    """`json.loads(value)` for a value a node agent wrote, bounded before it is parsed.
+
+    Raises AnnotationError when `value` is longer than `max_bytes` bytes (UTF-8), nests arrays and
+    objects deeper than `max_depth`, or is not valid JSON. The depth is counted in one pass over the
+    text (brackets inside strings do not count), so no input reaches the recursive decoder deeper
+    than the bound.
+    """
+    if len(value) > max_bytes or len(value.encode("utf-8", "surrogatepass")) > max_bytes:
+        raise AnnotationError(f"longer than {max_bytes} bytes")
+    depth = 0
+    in_string = escaped = False
+    for ch in value:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise AnnotationError(f"nested deeper than {max_depth} levels of arrays and objects")
+        elif ch in "]}":
+            depth -= 1
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError) as e:
+        raise AnnotationError(f"not valid JSON: {e}") from None
+
+
+#: ``:`` is not among them: HAMi's Kunlun ids are PCI bus ids (``0000:1a:00.0``), and the device list
+#: decoder joins such an id back together (a device ends at the ``:`` after its integer fields).
+_CARD_ID_SEPARATORS = (FIELD_SEP, CONTAINER_SEP)
+
+
+def check_card_id(uuid: str, where: str) -> None:
+    """Raise AnnotationError when `uuid` cannot travel in HAMi's wire formats unchanged.
+
+    A card id is written into pod device lists (``uuid,type,mem,cores:`` per device, ``;`` per
+    container) and kubelet's device ids, and read back by splitting on ``,`` and ``;``; an id holding
+    one of them decodes as another card after a restart, which then takes a second pod. HAMi's
+    alphabet is printable ASCII without white space, ``,`` or ``;``, at most `MAX_CARD_ID` characters.
+    """
+    if len(uuid) > MAX_CARD_ID:
+        raise AnnotationError(f"{where}: id is longer than {MAX_CARD_ID} characters")
+    for ch in uuid:
+        if ch in _CARD_ID_SEPARATORS:
+            raise AnnotationError(
+                f"{where}: id {uuid!r} holds {ch!r}, a separator of HAMi's device lists; valid: printable "
+                "ASCII without white space, ',' or ';'"
+            )
+        if not "!" <= ch <= "~":
+            raise AnnotationError(
+                f"{where}: id {uuid!r} holds {ch!r}; valid: printable ASCII without white space, ',' or ';'"
+            )
+
+
+def check_card_ids(devices: Sequence[Device]) -> None:
+    """`check_card_id` for every device (positions 0-based in the messages). Raises AnnotationError."""
+    for i, d in enumerate(devices):
+        check_card_id(d.uuid, f"device {i}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# MIG allocations (`hami.io/vgpu-mig-allocations`, §1.6.6): the scheduler's reservation of one MIG
+# instance per device of a container on a card in MIG mode; the device plugin adds the runtime identity.
+
+
+@dataclass(frozen=True, slots=True)
+class MigAllocation:
+    """One entry of ``hami.io/vgpu-mig-allocations`` (HAMi's MigAllocation).
+
+    `container_index` counts the pod's containers in device-list order (init containers first),
+    `device_index` the container's devices; `gpu_uuid` is the parent card. The runtime fields
+    (`mig_uuid`, `gpu_instance_id`, `compute_instance_id`) are all set or all unset.
+    """
+
+    container_index: int
+    device_index: int
+    gpu_uuid: str
+    profile: str
+    placement: MigPlacement
+    mig_uuid: str = ""
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+
+    @property
+    def realized(self) -> bool:
+        """Whether the device plugin recorded the instance it created (the runtime fields are set)."""
+        return (
+            bool(self.mig_uuid) and self.gpu_instance_id is not None and self.compute_instance_id is not None
+        )
+
+    def to_json(self) -> dict[str, object]:
+        obj: dict[str, object] = {
+            "containerIndex": self.container_index,
+            "deviceIndex": self.device_index,
+            "gpuUUID": self.gpu_uuid,
+            "profile": self.profile,
+            "placement": {"start": self.placement.start, "size": self.placement.size},
+        }
+        # Go's omitempty: an empty string and a nil pointer are left out; a zero instance id is not.
+        if self.mig_uuid:
+            obj["migUUID"] = self.mig_uuid
+        if self.gpu_instance_id is not None:
+            obj["gpuInstanceID"] = self.gpu_instance_id
+        if self.compute_instance_id is not None:
+            obj["computeInstanceID"] = self.compute_instance_id
+        return obj
+
+
+def encode_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
+    """The annotation value as Go's encoder writes HAMi's list (compact, keys in HAMi's order)."""
+    return _go_json([a.to_json() for a in allocations])
+
+
+def mig_allocations_of(containers: Sequence[Sequence[ContainerDevice]]) -> list[MigAllocation]:
+    """The reservations of a pod's device lists (one list per container, init first): one entry per
+    device with a MIG instance decided, in container then device order (HAMi's EncodeMigAllocations)."""
+    return [
+        MigAllocation(i, j, cd.uuid, cd.mig.profile, cd.mig.placement)
+        for i, cds in enumerate(containers)
+        for j, cd in enumerate(cds)
+        if cd.mig is not None and cd.mig.profile and cd.mig.placement.size
+    ]
+
+
+def _uint_or_none(obj: Mapping[str, object], key: str, where: str) -> int | None:
+    val = obj.get(key)
+    if val is None:
+        return None
+    if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+        raise AnnotationError(f"{where}: field {key!r} must be an integer >= 0, got {val!r}")
+    return val
+
+
+def decode_mig_allocations(value: str) -> list[MigAllocation]:
+    """Decode ``hami.io/vgpu-mig-allocations`` (``""`` = none), checked as HAMi checks it.
+
+    Raises AnnotationError for invalid JSON, an entry without container/device index, card, profile
+    or placement ("incomplete"), an entry with only part of the runtime identity, or two entries for
+    the same container and device.
+    """
+    if not value:
+        return []
+    try:
+        raw = json.loads(value)
+    except ValueError as e:
+        raise AnnotationError(f"not valid JSON: {e}") from None
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise AnnotationError("must be a JSON array of MIG allocations")
+    out: list[MigAllocation] = []
+    seen: set[tuple[int, int]] = set()
+    for i, obj in enumerate(raw):
+        where = f"MIG allocation {i}"
+        if not isinstance(obj, dict):
+            raise AnnotationError(f"{where}: must be a JSON object")
+        ci, di = _json_int(obj, "containerIndex", where), _json_int(obj, "deviceIndex", where)
+        gpu, profile = obj.get("gpuUUID", ""), obj.get("profile", "")
+        mig_uuid = obj.get("migUUID", "")
+        if not isinstance(gpu, str) or not isinstance(profile, str) or not isinstance(mig_uuid, str):
+            raise AnnotationError(f"{where}: fields 'gpuUUID', 'profile' and 'migUUID' must be strings")
+        placement = _mig_placement(obj.get("placement") or {}, f"{where} placement")
+        if ci < 0 or di < 0 or not gpu or not profile or placement.size == 0:
+            raise AnnotationError(
+                f"{where} is incomplete: it needs containerIndex and deviceIndex >= 0, gpuUUID, profile and "
+                "a placement of size > 0"
+            )
+        gi = _uint_or_none(obj, "gpuInstanceID", where)
+        cid = _uint_or_none(obj, "computeInstanceID", where)
+        if sum((bool(mig_uuid), gi is not None, cid is not None)) not in (0, 3):
+            raise AnnotationError(
+                f"{where} has a partial runtime identity: migUUID, gpuInstanceID and computeInstanceID go together"
+            )
+        if (ci, di) in seen:
+            raise AnnotationError(f"duplicate MIG allocation for container {ci} device {di}")
+        seen.add((ci, di))
+        out.append(MigAllocation(ci, di, gpu, profile, placement, mig_uuid, gi, cid))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
 # Node registration, JSON form (§1.6.1).
 
 
@@ -178,11 +393,66 @@ def device_to_json(device: Device) -> dict[str, object]:
         ("type", device.type),
         ("numa", device.numa),
         ("mode", device.mode),
+        ("migProfiles", [mig_profile_to_json(p) for p in device.mig_profiles]),
         ("health", device.health),
     ):
         if val:
             obj[key] = val
     return obj
+
+
+def mig_profile_to_json(profile: MigProfile) -> dict[str, object]:
+    """One MIG profile of a registration, HAMi's compact form (no key omitted; no placements = null)."""
+    return {
+        "name": profile.name,
+        "memoryMB": profile.memory_mb,
+        "core": profile.core,
+        "sliceCount": profile.slice_count,
+        "placements": [{"start": p.start, "size": p.size} for p in profile.placements] or None,
+    }
+
+
+def _mig_placement(obj: object, where: str) -> MigPlacement:
+    if not isinstance(obj, dict):
+        raise AnnotationError(f"{where}: must be an object {{start, size}}")
+    start, size = _json_int(obj, "start", where), _json_int(obj, "size", where)
+    if start < 0 or size < 0:
+        raise AnnotationError(f"{where}: start and size must be >= 0, got {start} and {size}")
+    return MigPlacement(start, size)
+
+
+def _mig_profiles(raw: object, where: str) -> tuple[MigProfile, ...]:
+    """`migProfiles` of one registered device (unknown keys such as ``instanceCount`` ignored, as HAMi)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise AnnotationError(f"{where}: field 'migProfiles' must be a JSON array")
+    out = []
+    for j, obj in enumerate(raw):
+        at = f"{where} migProfiles[{j}]"
+        if not isinstance(obj, dict):
+            raise AnnotationError(f"{at}: must be a JSON object")
+        name = obj.get("name")
+        if not isinstance(name, str) or not name:
+            raise AnnotationError(f"{at}: field 'name' must be a non-empty string")
+        ints = {k: _json_int(obj, k, at) for k in ("memoryMB", "core", "sliceCount")}
+        if any(v < 0 for v in ints.values()):
+            raise AnnotationError(f"{at}: memoryMB, core and sliceCount must be >= 0")
+        places = obj.get("placements")
+        if places is not None and not isinstance(places, list):
+            raise AnnotationError(f"{at}: field 'placements' must be a JSON array")
+        out.append(
+            MigProfile(
+                name=name,
+                memory_mb=ints["memoryMB"],
+                core=ints["core"],
+                slice_count=ints["sliceCount"],
+                placements=tuple(
+                    _mig_placement(p, f"{at} placements[{k}]") for k, p in enumerate(places or ())
+                ),
+            )
+        )
+    return tuple(out)
 
 
 def encode_node_devices_json(devices: Sequence[Device]) -> str:
@@ -200,13 +470,11 @@ def _json_int(obj: Mapping[str, object], key: str, where: str) -> int:
 def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Device]:
     """Decode a JSON registration; missing `index`/`numa` mean 0 and a missing `health` means false.
 
-    Unknown keys (`devicevendor`, `custominfo`, `migProfiles`) are ignored. Raises AnnotationError for
-    invalid JSON, a non-array, a device without `id`, or a field of the wrong type or range.
+    `migProfiles` (cards in MIG mode) become `Device.mig_profiles`; unknown keys (`devicevendor`,
+    `custominfo`, a profile's `instanceCount`) are ignored. Raises AnnotationError for invalid JSON, a
+    non-array, a device without `id`, or a field of the wrong type or range.
     """
-    try:
-        raw = json.loads(value)
-    except ValueError as e:
-        raise AnnotationError(f"not valid JSON: {e}") from None
+    raw = load_json(value)
     if not isinstance(raw, list):
         raise AnnotationError("must be a JSON array of devices")
     out: list[Device] = []
@@ -217,6 +485,7 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
         uuid = obj.get("id")
         if not isinstance(uuid, str) or not uuid:
             raise AnnotationError(f"{where}: field 'id' must be a non-empty string")
+        check_card_id(uuid, where)
         where = f"device {i} ({uuid})"
         ints = {k: _json_int(obj, k, where) for k in ("index", "count", "devmem", "devcore", "numa")}
         for k in ("index", "count", "devmem", "devcore"):
@@ -240,6 +509,7 @@ def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Devi
                 mode=mode or "hami-core",
                 health=health,
                 vendor=vendor,
+                mig_profiles=_mig_profiles(obj.get("migProfiles"), where),
             )
         )
     check_distinct_cards(out)
@@ -264,7 +534,9 @@ def check_distinct_cards(devices: Sequence[Device], *, indexes: bool = True) -> 
     for i, d in enumerate(devices):
         j = ids.setdefault(d.uuid, i)
         if j != i:
-            raise AnnotationError(f"devices {j} and {i} both have id {d.uuid!r}; every card must be listed once")
+            raise AnnotationError(
+                f"devices {j} and {i} both have id {d.uuid!r}; every card must be listed once"
+            )
         j = seen_index.setdefault(d.index, i) if indexes else i
         if j != i:
             raise AnnotationError(
@@ -312,6 +584,7 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
             raise AnnotationError(f"{where}: health {f[6]!r} is not a boolean (true/false)")
         if not f[0].strip():
             raise AnnotationError(f"{where}: empty id")
+        check_card_id(f[0], where)
         ints = {
             k: _int_field(f[j], what=f"{where} {k}") for j, k in ((1, "count"), (2, "devmem"), (3, "devcore"))
         }
@@ -346,10 +619,7 @@ def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
 
 def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
     """``[{"uuid":"GPU-a","score":{"GPU-b":220}}]`` -> ``{"GPU-a": {"GPU-b": 220}}``. Raises AnnotationError."""
-    try:
-        raw = json.loads(value)
-    except ValueError as e:
-        raise AnnotationError(f"not valid JSON: {e}") from None
+    raw = load_json(value)
     if not isinstance(raw, list):
         raise AnnotationError("must be a JSON array of {uuid, score}")
     out: dict[str, dict[str, int]] = {}
@@ -414,6 +684,50 @@ def decode_node_lock(value: str) -> NodeLock:
     if not parts[1] or not parts[2]:
         raise AnnotationError(f"lock value {value!r}: empty namespace or pod name")
     return NodeLock(time=t, namespace=parts[1], name=parts[2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The node lock's allocation stamp (`hami.io/mutex.lock-allocation`).
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationStamp:
+    """Whom the node lock was taken for and what was decided for it: the pod's UID and, per allocation
+    annotation key, the SHA-256 (hex) of the value the scheduler wrote."""
+
+    uid: str
+    digests: Mapping[str, str]
+
+    def matches(self, key: str, value: str | None) -> bool:
+        """Whether `value` of annotation `key` is what the scheduler wrote (False when not stamped)."""
+        want = self.digests.get(key)
+        return want is not None and value is not None and want == digest(value)
+
+
+def digest(value: str) -> str:
+    """SHA-256 (hex) of an annotation value, as `AllocationStamp` holds it."""
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def encode_allocation_stamp(uid: str, allocations: Mapping[str, str]) -> str:
+    """``{"uid":"<uid>","sha256":{"<key>":"<hex>",...}}`` for the allocation annotations decided."""
+    return json.dumps(
+        {"uid": uid, "sha256": {k: digest(v) for k, v in sorted(allocations.items())}}, separators=(",", ":")
+    )
+
+
+def decode_allocation_stamp(value: str) -> AllocationStamp:
+    """Parse a stamp. Raises AnnotationError for anything but `encode_allocation_stamp`'s shape."""
+    raw = load_json(value, max_bytes=4096, max_depth=2)
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("uid"), str)
+        or not raw["uid"]
+        or not isinstance(raw.get("sha256"), dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw["sha256"].items())
+    ):
+        raise AnnotationError('want {"uid": "<pod uid>", "sha256": {"<annotation>": "<hex>"}}')
+    return AllocationStamp(uid=raw["uid"], digests=dict(raw["sha256"]))
 
 
 # ---------------------------------------------------------------------------------------------------

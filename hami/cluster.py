@@ -17,23 +17,27 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hami import annotations as A
 from hami import fragmentation, objects, pods
+from hami.cluster_preemption import ClusterPreemption
 from hami.cluster_queries import CardStat, ClusterQueries
 from hami.cluster_scoring import PolicyScoring
 from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import fit_pod
-from hami.model import CardGrant, Device, DeviceUsage, PodDevices, Selection
+from hami.model import MIG_MODE, CardGrant, Device, DeviceUsage, PodDevices, Selection
 from hami.node_order import _gc_paused, _KeyOrder, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
+from hami.preemption import is_terminating, pod_priority, pod_start
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
 from hami.scoring import NodePolicy, PolicyChoice, choose_policies
+from hami.spec_limits import at_least_the_spec
 from hami.vendors import build_vendors
 from hami.vendors.base import AllocationContext, Vendor
 
@@ -71,6 +75,20 @@ class FilterOutcome:
     policy: PolicyChoice | None = None
 
 
+def _shares(devices: PodDevices) -> dict[str, list[list[tuple[str, int, int]]]]:
+    """The cards and shares of device lists (what a decision fixes; MIG runtime fields the device
+    plugin adds later are no change)."""
+    return {v: [[(d.uuid, d.usedmem, d.usedcores) for d in c] for c in lst] for v, lst in devices.items() if lst}
+
+
+@dataclass(frozen=True, slots=True)
+class _Decision:
+    """What this process's filter decided for one pod UID: the node and each vendor's device lists."""
+
+    node: str
+    devices: PodDevices
+
+
 @dataclass(slots=True)
 class _Pod:
     uid: str
@@ -81,9 +99,28 @@ class _Pod:
     reserved: bool  # True until a pod event with the allocation annotations confirms it
     since: float
     cpu: int = 0  # the pod's CPU request, millicores (kube-scheduler's count)
+    # What preemption reads (hami.preemption.Resident): spec.priority, the start time (status.startTime,
+    # else creationTimestamp, as kube-scheduler's GetPodStartTime; kept as written and parsed only when a
+    # preemption looks at the pod), labels (PodDisruptionBudget selectors), graceful deletion begun.
+    priority: int = 0
+    created: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    terminating: bool = False
+
+    @classmethod
+    def of(
+        cls, pod: Mapping[str, Any], node: str, grants: tuple[CardGrant, ...], reserved: bool, cpu: int
+    ) -> _Pod:
+        meta = objects.meta(pod)
+        labels = meta.get("labels")
+        return cls(
+            objects.uid(pod), objects.namespace(pod), objects.name(pod), node, grants, reserved, time.time(),
+            cpu, pod_priority(pod), pod_start(pod), dict(labels) if labels else {},
+            bool(meta.get("deletionTimestamp")),
+        )  # fmt: skip
 
 
-class ClusterState(ClusterQueries, PolicyScoring):
+class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
     """Nodes, cards, per-card usage, pod reservations and quotas. Thread-safe.
 
     Pods count only when they carry `hami.io/vgpu-node` and were scheduled by `scheduler_name`
@@ -97,10 +134,14 @@ class ClusterState(ClusterQueries, PolicyScoring):
         *,
         scheduler_name: str | None = None,
         request_memo: int = 0,
+        spec_floor: bool = False,
     ) -> None:
         """`request_memo`: how many distinct container lists' parsed device requests to keep (0: none),
         for callers that submit many pods alike (the simulator); a pod's requests depend only on its
-        containers, so a kept parse is the parse."""
+        containers, so a kept parse is the parse. `spec_floor`: count a pod this state did not place at
+        least at what its spec asks on each card (`hami.spec_limits.at_least_the_spec`); the extender
+        turns it on, where pod owners may have rewritten their annotations; read-only tools and the
+        simulator show the annotations as written."""
         self.config = config or DeviceConfig()
         self.vendors: dict[str, Vendor] = dict(vendors or build_vendors(self.config))
         self.scheduler_name = (
@@ -130,6 +171,15 @@ class ClusterState(ClusterQueries, PolicyScoring):
         self._cpu: dict[str, tuple[str, int]] = {}
         self._request_memo_size = request_memo
         self._request_memo: dict[str, list[ContainerSpec]] = {}
+        # uid -> what this process's filter decided for the pod: counted instead of the pod's allocation
+        # annotations, which its owner can rewrite (`upsert_pod`). Kept until the pod ends, is deleted,
+        # its reservation is released or expires, or the state is rebuilt for a new leadership term.
+        self._decided: dict[str, _Decision] = {}
+        self.spec_floor = spec_floor
+        #: Pod events whose allocation annotations differed from the decision (the decision counted).
+        self.allocation_mismatches = 0
+        self._holds = {}  # nominated preemptors' cards (hami.cluster_preemption)
+        self._plans = OrderedDict()
 
     # ------------------------------------------------------------------------------------------
     # nodes
@@ -164,11 +214,18 @@ class ClusterState(ClusterQueries, PolicyScoring):
         devices: dict[str, list[Device]] = {}
         unusable = None
         for vendor in self.vendors.values():
+            where = vendor.register_key or vendor.common_word + " inventory"
             try:
                 found = vendor.node_devices(node)
+                if found:
+                    A.check_card_ids(found)  # whatever the vendor's format: ids must survive the wire
             except AnnotationError as e:
-                unusable = f"{vendor.register_key or vendor.common_word + ' inventory'}: {e}"
+                unusable = f"{where}: {e}"
                 log.warning("node %s: malformed registration, node unusable: %s", name, unusable)
+                continue
+            except Exception as e:  # noqa: BLE001 - one node agent's bad value must not stop a rebuild
+                unusable = f"{where}: cannot be read ({type(e).__name__}: {e})"
+                log.warning("node %s: unreadable registration, node unusable: %s", name, unusable)
                 continue
             if found:
                 devices[vendor.common_word] = found
@@ -221,15 +278,19 @@ class ClusterState(ClusterQueries, PolicyScoring):
     @staticmethod
     def _apply(n: _Node, grants: Iterable[CardGrant], sign: int) -> None:
         for g in grants:
-            if g.uuid not in n.by_uuid:
+            d = n.by_uuid.get(g.uuid)
+            if d is None:
                 continue  # a card that left the node's registration: nothing to count it against
             u = n.usage.get(g.uuid)
             if u is None:
                 u = n.usage[g.uuid] = DeviceUsage()
+            # MIG occupancy counts on cards in MIG mode only; a device there without a recorded
+            # instance leaves the card's free placements unknown.
+            mig, unknown = (g.mig, 1 if g.mig_missing else 0) if d.mode == MIG_MODE else ((), 0)
             if sign > 0:
-                u.add(g.usedmem, g.usedcores, g.slots)
+                u.add(g.usedmem, g.usedcores, g.slots, mig, unknown)
             else:
-                u.sub(g.usedmem, g.usedcores, g.slots)
+                u.sub(g.usedmem, g.usedcores, g.slots, mig, unknown)
         n.touch()
 
     # ------------------------------------------------------------------------------------------
@@ -274,14 +335,23 @@ class ClusterState(ClusterQueries, PolicyScoring):
     def upsert_pod(self, pod: Mapping[str, Any]) -> None:
         """Apply a pod add/update event: count its allocation, or release it when terminal.
 
-        Malformed allocation annotations are logged and the pod is not counted (never raises).
+        What is counted is never less than what was decided: a pod this process placed counts the
+        node and cards of that decision, whatever its annotations say now (they are the pod owner's to
+        edit where nothing stops it; a difference is logged and counted in `allocation_mismatches`).
+        A pod placed before this process started counts its annotations, with `spec_floor` each card
+        of a vendor with the generic fit at least at what the pod's spec asks there (the spec's device
+        requests cannot change after creation and are what the scheduler fitted). Malformed allocation
+        annotations are logged and the pod is not counted (never raises).
         """
         uid = objects.uid(pod)
         annos = objects.annotations(pod)
         node = annos.get(A.ASSIGNED_NODE)
         ours = not self.scheduler_name or objects.scheduler_name(pod) == self.scheduler_name
         with self._lock:
+            decided = self._decided.get(uid)
             if not ours or pods.is_terminal(pod):
+                self._decided.pop(uid, None)
+                self._release_hold(uid)
                 self._drop_record(uid)
                 bound = objects.spec(pod).get("nodeName")
                 if not pods.is_terminal(pod) and isinstance(bound, str) and bound:
@@ -289,47 +359,102 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 else:
                     self._set_cpu(uid, None, 0)
                 return
-            if not node:
-                return  # not (yet) placed by us; a reservation in flight stays
+            rec = self._pods.get(uid)
+            if not node and (decided is None or rec is None or rec.reserved):
+                if uid not in self._pods:
+                    self._nominated(pod)  # a pending preemptor keeps the cards it was nominated for
+                # Not (yet) placed by us; a reservation in flight stays. (A placement that an earlier
+                # event confirmed and whose annotations are now gone is still counted as decided.)
+                return
             devices: PodDevices = {}
             kinds = pods.container_kinds(pod)
             try:
                 for v in self.vendors.values():
-                    if v.allocated_key in annos:
-                        # Lists written by other HAMi versions may lack leading empty entries (§8.2).
-                        devices[v.common_word] = A.align_pod_devices(
-                            A.decode_pod_devices(annos[v.allocated_key]), len(kinds)
-                        )
+                    found = v.pod_devices(annos, len(kinds))
+                    if found is not None:
+                        devices[v.common_word] = found
             except AnnotationError as e:
-                log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
-                return
+                if decided is None:
+                    log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
+                    return
+                devices = {}
+            if decided is not None:
+                if node != decided.node or _shares(devices) != _shares(decided.devices):
+                    self.allocation_mismatches += 1
+                    log.warning(
+                        "pod %s: its allocation annotations (node %s) differ from what was decided for it "
+                        "(node %s); counting the decision",
+                        objects.ref(pod), node, decided.node,
+                    )  # fmt: skip
+                node = decided.node
+                devices = {v: [list(c) for c in lst] for v, lst in decided.devices.items()}
+            elif self.spec_floor:
+                devices = self._at_least_the_spec(pod, node, devices)
+            every = devices
             if pods.init_done(pod):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.
                 devices = pods.without_finished_init(devices, kinds)
-            grants = tuple(collapse_grants(devices, kinds))
+            grants = tuple(collapse_grants(devices, kinds, mig_from=every))
             old = self._pods.get(uid)
+            self._release_hold(uid)
             if old is not None and old.node == node and old.grants == grants:
                 old.reserved = False
+                old.terminating = is_terminating(pod)
+                old.created = pod_start(pod)
+                labels = objects.labels(pod)
+                if labels != old.labels:
+                    old.labels = dict(labels)
                 return
             if old is None:
                 self._learn(pod, uid)
             self._drop_record(uid)
-            self._add_record(
-                _Pod(
-                    uid,
-                    objects.namespace(pod),
-                    objects.name(pod),
-                    node,
-                    grants,
-                    False,
-                    time.time(),
-                    fragmentation.pod_cpu_milli(pod),
-                )
-            )
+            self._add_record(_Pod.of(pod, node, grants, False, fragmentation.pod_cpu_milli(pod)))
+
+    def _at_least_the_spec(self, pod: Mapping[str, Any], node: str, devices: PodDevices) -> PodDevices:
+        """`devices` with each card of a generic-fit vendor raised to what the pod's spec asks on it
+        (`hami.spec_limits`): for a pod this process did not place, whose annotations its owner may
+        have rewritten and whose spec's device requests cannot have changed."""
+        n = self._nodes.get(node)
+        if n is None or not devices:
+            return devices
+        try:
+            specs = self.pod_requests(pod)
+        except InvalidRequest:
+            return devices
+        return at_least_the_spec(devices, specs, n.by_uuid, self.vendors, ref=objects.ref(pod))
+
+    def decision(self, uid: str) -> tuple[str, PodDevices] | None:
+        """(node, device lists per vendor) this process's filter decided for pod `uid`, or None."""
+        with self._lock:
+            d = self._decided.get(uid)
+            return None if d is None else (d.node, d.devices)
+
+    def decided_allocations(self, uid: str) -> dict[str, str]:
+        """The allocated-list annotations (key -> value) of this process's decision for pod `uid`, for
+        the vendors whose device plugin the node lock serves (`Vendor.uses_node_lock`) and whose value
+        does not depend on the filter's context; {} without a decision. What the node lock's
+        allocation stamp (`hami.annotations.encode_allocation_stamp`) digests."""
+        decided = self.decision(uid)
+        if decided is None:
+            return {}
+        out = {}
+        for vendor, lists in decided[1].items():
+            v = self.vendors.get(vendor)
+            if v is None or not v.uses_node_lock:
+                continue
+            try:
+                value = v.allocation_annotations(lists).get(v.allocated_key)
+            except Exception:  # noqa: BLE001 - a vendor whose lists need the filter's context: not stamped
+                continue
+            if value is not None:
+                out[v.allocated_key] = value
+        return out
 
     def remove_pod(self, uid: str) -> bool:
         """A pod was deleted (or its reservation must go): free its usage. True when something was freed."""
         with self._lock:
+            self._decided.pop(uid, None)
+            self._release_hold(uid)
             freed = self._drop_record(uid) is not None
             self._set_cpu(uid, None, 0)
             return freed
@@ -343,6 +468,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
             stale = [p.uid for p in self._pods.values() if p.reserved and now - p.since > max_age_s]
             for uid in stale:
                 self._drop_record(uid)
+                self._decided.pop(uid, None)
         return stale
 
     # ------------------------------------------------------------------------------------------
@@ -427,6 +553,7 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 policy = replace(policy, fragmentation=model)
             out = FilterOutcome(warnings=policy.warnings, policy=policy)
             self._drop_record(uid)
+            self._decided.pop(uid, None)  # a new decision replaces it, or none stands (the pod is cleared)
             failed = out.failed_nodes
             needs = pod_needs(containers, selections)
             for v in needs:
@@ -443,11 +570,12 @@ class ClusterState(ClusterQueries, PolicyScoring):
             if self.quota.has_limits(ns):
                 quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
             chosen = None
+            prio = pod_priority(pod) if self._holds else 0
             while order:
                 n = order.pop()
                 fit = fit_pod(
                     containers,
-                    n.view(),
+                    self._held_view(n, uid, prio) if self._holds else n.view(),
                     vendors=self.vendors,
                     selections=selections,
                     policy=policy,
@@ -482,7 +610,11 @@ class ClusterState(ClusterQueries, PolicyScoring):
                     ",".join(p.value for p in policy.cards), self._score_terms(chosen, shapes, policy),
                 )  # fmt: skip
             grants = tuple(collapse_grants(fit.devices, [c.kind for c in containers]))
-            self._add_record(_Pod(uid, ns, objects.name(pod), chosen.name, grants, True, time.time(), cpu))
+            self._release_hold(uid)  # placed: the reservation keeps its cards now
+            self._add_record(_Pod.of(pod, chosen.name, grants, True, cpu))
+            self._decided[uid] = _Decision(
+                chosen.name, {v: [list(c) for c in lst] for v, lst in fit.devices.items()}
+            )
         out.node, out.devices = chosen.name, fit.devices
         stamp = int(time.time() if now is None else now)
         out.annotations = {A.ASSIGNED_NODE: chosen.name, A.ASSIGNED_TIME: str(stamp)}
@@ -514,17 +646,24 @@ class ClusterState(ClusterQueries, PolicyScoring):
         """
         with self._lock, _gc_paused():
             pending = [p for p in self._pods.values() if p.reserved] if keep_reservations else []
+            if not keep_reservations:
+                # A new term decides from the API server alone; another replica may have decided since.
+                self._decided.clear()
             self._nodes.clear()
             self._pods.clear()
             self._verdicts.reset()
             self._cpu.clear()
+            self._holds.clear()  # the listed pods' nominations make them again
             self.quota = QuotaState(self.vendors)
             for q in quotas:
                 self.quota.upsert_quota(q)
             for n in nodes:
                 self.upsert_node(n)
             for p in pods:
-                self.upsert_pod(p)
+                try:
+                    self.upsert_pod(p)
+                except Exception:  # noqa: BLE001 - one unreadable pod must not cut the rebuild short
+                    log.exception("pod %s: not counted, its allocation cannot be read", objects.ref(p))
             for p in pending:
                 if p.uid not in self._pods:
                     self._add_record(p)
@@ -578,14 +717,11 @@ class ClusterState(ClusterQueries, PolicyScoring):
                 quota = None
                 if self.quota.has_limits(ns):
                     quota = lambda vendor, mem, cores: self.quota.fits(ns, vendor, mem, cores)  # noqa: E731
+                prio = pod_priority(pod) if self._holds else 0
                 for n in prefilter(self._nodes, node_names, needs, out.failed_nodes):
+                    view = self._held_view(n, uid, prio) if self._holds else n.view()
                     fit = fit_pod(
-                        containers,
-                        n.view(),
-                        vendors=self.vendors,
-                        selections=selections,
-                        policy=policy,
-                        quota=quota,
+                        containers, view, vendors=self.vendors, selections=selections, policy=policy, quota=quota
                     )
                     if fit.ok:
                         fits.add(n.name)

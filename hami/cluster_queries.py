@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hami.model import CardGrant, DeviceUsage
+from hami.model import CardGrant, Device, DeviceUsage, MigPlacement
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
@@ -34,6 +34,9 @@ class CardStat:
     devcore: int
     usedcores: int
     health: bool
+    mode: str = "hami-core"
+    mig: tuple[MigPlacement, ...] = ()  # the placements of the card's MIG instances (MIG mode)
+    mig_unknown: int = 0  # pods holding the card in MIG mode without a placement on record
 
 
 class ClusterQueries:
@@ -55,7 +58,7 @@ class ClusterQueries:
                     u = n.usage.get(d.uuid) or DeviceUsage()
                     out.append(
                         CardStat(name, d.uuid, d.index, d.type, d.vendor, d.count, u.used, d.devmem, u.usedmem,
-                                 d.devcore, u.usedcores, d.health)
+                                 d.devcore, u.usedcores, d.health, d.mode, u.mig, u.mig_unknown)
                     )  # fmt: skip
             return out
 
@@ -85,6 +88,12 @@ class ClusterQueries:
         with self._lock:
             p = self._pods.get(uid)
             return p.node if p else None
+
+    def node_cards(self, name: str) -> list[Device]:
+        """The cards node `name` registers, every vendor, by vendor then index ([] for an unknown node)."""
+        with self._lock:
+            n = self._nodes.get(name)
+            return [] if n is None else sorted(n.by_uuid.values(), key=lambda d: (d.vendor, d.index))
 
     def node_names(self) -> list[str]:
         with self._lock:

@@ -24,7 +24,7 @@ from hami.errors import ConfigError
 from hami.scoring import CARD_POLICIES, NODE_POLICIES
 from hami.vendors import UNIMPLEMENTED_SECTIONS, VENDOR_SECTIONS
 from hami.vendors.hygon import HygonConfig
-from hami.vendors.nvidia import CORE_POLICIES, NvidiaConfig
+from hami.vendors.nvidia import CORE_POLICIES, MIG_STRATEGIES, OPERATING_MODES, NvidiaConfig
 
 __all__ = [
     "CARD_POLICIES", "CORE_POLICIES", "NODE_POLICIES", "DeviceConfig", "HygonConfig", "NodeOverride",
@@ -86,10 +86,26 @@ class NodeOverride:
     `nvidia.libCudaLogLevel`."""
     enableNumaTopology: bool | None = None
     """NUMA topology on this node (HAMi `enablenumatopology`); unset or false = `nvidia.enableNumaTopology`."""
+    operatingMode: str | None = None
+    """How this node's cards are shared: `hami-core`, `mig` or `mps` (HAMi `operatingmode`); unset =
+    `nvidia.operatingMode`."""
+    migStrategy: str | None = None
+    """MIG instances an administrator made on this node: `none`, `single` or `mixed` (HAMi
+    `migstrategy`); unset = `nvidia.migStrategy`."""
 
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid key."""
         where = f"nodeconfig[{self.name}]"
+        if self.operatingMode is not None:
+            require(
+                self.operatingMode in OPERATING_MODES, f"{where}.operatingmode", self.operatingMode,
+                ", ".join(OPERATING_MODES),
+            )  # fmt: skip
+        if self.migStrategy is not None:
+            require(
+                self.migStrategy in MIG_STRATEGIES, f"{where}.migstrategy", self.migStrategy,
+                ", ".join(MIG_STRATEGIES),
+            )  # fmt: skip
         if self.deviceSplitCount is not None:
             require(
                 self.deviceSplitCount >= 1,
@@ -155,10 +171,12 @@ _NODE_KEYS: dict[str, tuple[str, type]] = {
     "preconfigureddevicememory": ("preConfiguredDeviceMemory", int),
     "libcudaloglevel": ("libCudaLogLevel", int),
     "enablenumatopology": ("enableNumaTopology", bool),
+    "operatingmode": ("operatingMode", str),
+    "migstrategy": ("migStrategy", str),
 }
-#: HAMi's other per-node keys: accepted so HAMi's file loads, not used (this device plugin has no MIG or
-#: MPS mode, no device filter and always answers GetPreferredAllocation).
-_NODE_KEYS_NOT_USED = ("operatingmode", "migstrategy", "filterdevices", "enablegetpreferredallocation")
+#: HAMi's other per-node keys: accepted so HAMi's file loads, not used (this device plugin has no device
+#: filter and always answers GetPreferredAllocation).
+_NODE_KEYS_NOT_USED = ("filterdevices", "enablegetpreferredallocation")
 
 
 def _node_overrides(raw: Any) -> dict[str, NodeOverride]:

@@ -17,8 +17,9 @@ from typing import Any
 
 from hami.errors import ConfigError
 
-#: HAMi-only keys accepted in any section but not used (MIG is outside hami-core legacy mode).
-TOLERATED_KEYS = frozenset({"migProfileAllowlist", "knownMigGeometries", "migStrategy", "migstrategy"})
+#: HAMi's per-node key accepted inside a section too (copied there from `nodeconfig`) and not used:
+#: `nvidia.migStrategy` and the per-node `migstrategy` are what the device plugin reads.
+TOLERATED_KEYS = frozenset({"migstrategy"})
 
 
 def coerce(section: str, key: str, value: Any, typ: Any) -> Any:

@@ -47,6 +47,7 @@ class Reason(StrEnum):
     CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
     CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
     CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
+    CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
     ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
     NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
     # Reasons of vendors' own fits (hami/vendors/, HAMi pkg/device/common reason words).
@@ -105,12 +106,16 @@ def check_card(
     cordoned: frozenset[str],
     quota_ok: Callable[[int, int], bool] | None,
 ) -> Reason | None:
-    """The per-card checks of §2.5 in HAMi's order; None when the card can take the request."""
-    if not d.health:
+    """The per-card checks of §2.5 in HAMi's order; None when the card can take the request.
+
+    A card in MIG mode held by a pod whose instances are not on record (`DeviceUsage.mig_unknown`)
+    counts as unhealthy, as in HAMi: its free placements are unknown.
+    """
+    if not d.health or u.mig_unknown:
         return Reason.CARD_NOT_HEALTH
     if d.uuid in cordoned:
         return Reason.CARD_CORDONED
-    if (sel.use_types or sel.nouse_types or sel.mode) and not vendor.type_matches(d, sel):
+    if (sel.use_types or sel.nouse_types or sel.mode or sel.mig_profile) and not vendor.type_matches(d, sel):
         return Reason.CARD_TYPE_MISMATCH
     if (sel.use_uuids and d.uuid not in sel.use_uuids) or d.uuid in sel.nouse_uuids:
         return Reason.CARD_UUID_MISMATCH
@@ -156,9 +161,16 @@ def fit_container(
     pair_scores: Mapping[str, Mapping[str, int]] | None = None,
     quota_ok: Callable[[int, int], bool] | None = None,
 ) -> tuple[list[ContainerDevice] | None, Counter[Reason]]:
-    """Choose `req.nums` distinct cards for one container request, or return the per-card reasons."""
+    """Choose `req.nums` distinct cards for one container request, or return the per-card reasons.
+
+    A card the vendor lets one container take several times (`Vendor.card_repeats`: MIG instances)
+    is taken again, right after itself, while the vendor's `card_rule` accepts one more device on it
+    (HAMi revisits such a card in its loop); the vendor gives the devices their final form per card
+    (`Vendor.finish_card`).
+    """
     reasons: Counter[Reason] = Counter()
-    if req.nums > len(cards):
+    repeating = {d.uuid for d in cards if vendor.card_repeats(d, selection)}
+    if req.nums > len(cards) and not repeating:
         reasons[Reason.NODE_INSUFFICIENT_DEVICE] = len(cards) or 1
         return None, reasons
     passing: list[tuple[Device, DeviceUsage, int]] = []
@@ -167,6 +179,9 @@ def fit_container(
         u = usage(d.uuid)
         mem = req.memory_on(d)
         r = check_card(d, u, req, mem, selection, vendor, mutex=mutex, cordoned=cordoned, quota_ok=quota_ok)
+        if r is None:
+            word = vendor.card_rule(d, u, req, mem, selection, ())
+            r = Reason(word) if word else None
         if r is None:
             passing.append((d, u, mem))
         else:
@@ -179,24 +194,79 @@ def fit_container(
         scored = [(d, u, -x) for (d, u, _), x in zip(passing, deltas, strict=True)]
     else:
         scored = [(d, u, card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing]
+    stopped = 0  # repeating cards that took their last device before the request was met
+    if repeating and req.nums > 1:
+        scored, stopped = _repeat_cards(scored, repeating, req, cores, selection, vendor)
     if selection.numa_bind and req.nums > 1:
         scored = _pick_numa_group(scored, req.nums, policy, reasons)
     if len(scored) < req.nums:
         if scored:
             reasons[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(scored)
+        if stopped:
+            # HAMi revisits such a card once more and counts the refusal that ends its turn.
+            reasons[Reason.CARD_MIG_TOPOLOGY_INFEASIBLE] += stopped
         return None, reasons
     ordered = order_cards(scored, policy.cards)
-    if policy.topology_aware and len(ordered) > req.nums:
+    if policy.topology_aware and len(ordered) > req.nums and not repeating:
         chosen = set(best_combination([d.uuid for d, _, _ in ordered], req.nums, pair_scores or {}))
         ordered = [x for x in ordered if x[0].uuid in chosen]
     if quota_ok is not None and req.nums > 1:
         ordered = _within_quota(ordered, req, cores, quota_ok, reasons)
         if ordered is None:
             return None, reasons
-    out = []
-    for d, _, _ in ordered[: req.nums]:
-        out.append(ContainerDevice(uuid=d.uuid, type=req.vendor, usedmem=req.memory_on(d), usedcores=cores))
+    out = [
+        ContainerDevice(uuid=d.uuid, type=req.vendor, usedmem=req.memory_on(d), usedcores=cores)
+        for d, _, _ in ordered[: req.nums]
+    ]
+    if repeating:
+        out = _finish(out, {d.uuid: (d, u) for d, u, _ in ordered}, selection, vendor)
     return out, reasons
+
+
+def _repeat_cards(
+    scored: list[tuple[Device, DeviceUsage, float]],
+    repeating: set[str],
+    req: ContainerRequest,
+    cores: int,
+    selection: Selection,
+    vendor: Vendor,
+) -> tuple[list[tuple[Device, DeviceUsage, float]], int]:
+    """Each repeating card as many times as the vendor's `card_rule` lets one container take it (up to
+    the request), right after itself; and how many such cards ended below the request."""
+    out: list[tuple[Device, DeviceUsage, float]] = []
+    stopped = 0
+    for item in scored:
+        out.append(item)
+        d, u, _ = item
+        if d.uuid not in repeating:
+            continue
+        mem = req.memory_on(d)
+        taken = [ContainerDevice(uuid=d.uuid, type=req.vendor, usedmem=mem, usedcores=cores)]
+        while len(taken) < req.nums and vendor.card_rule(d, u, req, mem, selection, taken) is None:
+            out.append(item)
+            taken.append(taken[0])
+        if len(taken) < req.nums:
+            stopped += 1
+    return out, stopped
+
+
+def _finish(
+    out: list[ContainerDevice],
+    cards: Mapping[str, tuple[Device, DeviceUsage]],
+    selection: Selection,
+    vendor: Vendor,
+) -> list[ContainerDevice]:
+    """The container's devices in their final form, card by card (`Vendor.finish_card`), same order."""
+    by_card: dict[str, list[int]] = {}
+    for i, cd in enumerate(out):
+        by_card.setdefault(cd.uuid, []).append(i)
+    final = list(out)
+    for uuid, positions in by_card.items():
+        d, u = cards[uuid]
+        finished = vendor.finish_card(d, u, [out[i] for i in positions], selection)
+        for i, cd in zip(positions, finished, strict=True):
+            final[i] = cd
+    return final
 
 
 def _within_quota(
@@ -327,7 +397,7 @@ def fit_pod(
                     u = work.get(cd.uuid)
                     if u is None:
                         u = work[cd.uuid] = base_usage(cd.uuid).copy()
-                    u.add(cd.usedmem, cd.usedcores)
+                    u.add(cd.usedmem, cd.usedcores, mig=(cd.mig.placement,) if cd.mig else ())
                     pod_totals[req.vendor][0] += cd.usedmem
                     pod_totals[req.vendor][1] += cd.usedcores
     if quota is not None:

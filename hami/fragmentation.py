@@ -169,6 +169,9 @@ class FragmentationModel:
 
     def _set_active(self, dist: dict[Shape, float]) -> None:
         self.active = dist
+        # the CPU per card of capacity each vendor's measure uses until the next refresh
+        sums = getattr(self, "_cpu_sums", {})
+        self._ratios = {v: c / d for v, (c, d) in sums.items() if d > 0}
         self._measures: dict[str, VendorMeasure] = {}
         #: Per vendor, the node terms of this distribution as columns (`hami.fragmentation_table`),
         #: built by the filter that scores with them; dropped with the measures.
@@ -196,8 +199,7 @@ class FragmentationModel:
             if not sub:
                 sub = {s._replace(cores=0, vendor=vendor): p for s, p in DEFAULT_PRIOR.items()}
             z = sum(sub.values())
-            sums = self._cpu_sums.get(vendor)
-            ratio = sums[0] / sums[1] if sums and sums[1] > 0 else 0.0
+            ratio = self._ratios.get(vendor, 0.0)
             m = self._measures[vendor] = VendorMeasure(
                 {s: p / z for s, p in sub.items()},
                 self.version,

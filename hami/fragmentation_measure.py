@@ -133,7 +133,7 @@ def packed_fragmentation(
     (a 0.9 free card serves one 0.5 share, the other 0.4 is lost), the cards the node's CPU cannot feed
     (4 free cards and the CPU of one pod: 3 are lost), and the dimension a shape leaves unusable (a
     card whose memory is taken has no free capacity left, whatever its cores). With `cpu_weight`, plus
-    the CPU term ``cpu_weight x max(0, C - cpu_free / cpu_per_card)``: the free capacity that the
+    the CPU term ``cpu_weight x min(C, max(0, C - cpu_free / cpu_per_card))``: the free capacity that the
     node's CPU cannot feed at the workload's CPU per card of capacity (`FragmentationModel`).
     """
     look = [(d, usage(d.uuid)) for d in devices]
@@ -151,7 +151,7 @@ def packed_fragmentation(
         total += p * (free - min(free, x))
     if cpu_weight and cpu_per_card > 0 and cpu is not None:
         # the CPU term: free capacity the node's CPU cannot feed at `cpu_per_card` millicores per card
-        total += cpu_weight * max(0.0, free - cpu / cpu_per_card)
+        total += cpu_weight * min(free, max(0.0, free - cpu / cpu_per_card))
     return total
 
 
@@ -229,7 +229,8 @@ class VendorMeasure:
         if self.cpu_weight and cpu_free is not None:
             # capacity the node's CPU cannot feed at the workload's CPU per card (0 while it can)
             starved = free - cpu_free / self.cpu_per_card
-            out += self.cpu_weight * (starved if starved > 0.0 else 0.0)
+            starved = free if starved > free else (starved if starved > 0.0 else 0.0)  # 0..free
+            out += self.cpu_weight * starved
         return out
 
     def _sum(self, terms: Sequence[Terms]) -> tuple[float, tuple[int, ...], tuple[float, ...]]:

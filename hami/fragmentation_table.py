@@ -223,6 +223,7 @@ class NodeTermTable:
         if m.cpu_weight:
             starved = free - cpu / m.cpu_per_card  # as the scalar path, column by column
             np.maximum(starved, 0.0, out=starved)
+            np.minimum(starved, free, out=starved)  # a node over its CPU strands all it has free
             starved[~has_cpu] = 0.0
             out += m.cpu_weight * starved
         return out

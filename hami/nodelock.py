@@ -51,6 +51,7 @@ from hami.annotations import (
     ASSIGNED_NODE,
     BIND_PHASE,
     NODE_LOCK,
+    NODE_LOCK_ALLOCATION,
     BindPhase,
     NodeLock,
     decode_node_lock,
@@ -229,8 +230,14 @@ def lock_node(
     now: Callable[[], datetime] | None = None,
     cached: Mapping[str, Any] | None = None,
     mutexes: NodeMutexes | None = None,
+    stamp: str | None = None,
 ) -> None:
     """Take the node lock for pod `namespace`/`pod_name` (a `hami.kube.KubeClient` as `client`).
+
+    `stamp`: the ``hami.io/mutex.lock-allocation`` value written in the same patch as the lock (the
+    pod's UID and the digest of its allocation, `hami.annotations.encode_allocation_stamp`), so the
+    device plugin can tell the pod and the allocation the lock was taken for; None writes none (and
+    removes a stale one).
 
     `uid`: the pod's UID; recorded in `mutexes` so that this process tells a re-created pod of the
     same name from the one it locked for (the lock value itself carries no UID).
@@ -298,7 +305,7 @@ def lock_node(
         value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
         try:
             client.patch_node_annotations(
-                node_name, {key: value}, resource_version=meta.get("resourceVersion")
+                node_name, _lock_patch(key, value, stamp), resource_version=meta.get("resourceVersion")
             )
         except Conflict:
             # The node changed since we read it (maybe another scheduler took the lock): re-read.
@@ -309,7 +316,7 @@ def lock_node(
     with _holding(mutexes, node_name):
         if cached is not None and _lock_from_cache(
             client, cached, node_name, namespace=namespace, pod_name=pod_name, expiry_s=expiry_s,
-            key=key, clock=clock,
+            key=key, clock=clock, stamp=stamp,
         ):  # fmt: skip
             if mutexes is not None:
                 mutexes.record_owner(node_name, namespace, pod_name, uid, expiry_s=expiry_s)
@@ -336,6 +343,7 @@ def _lock_from_cache(
     expiry_s: float,
     key: str,
     clock: Callable[[], datetime],
+    stamp: str | None = None,
 ) -> bool:
     """One optimistic write from a cached Node; True when the lock was taken, False to go the long way.
 
@@ -354,10 +362,17 @@ def _lock_from_cache(
         return False
     value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
     try:
-        client.patch_node_annotations(node_name, {key: value}, resource_version=rv)
+        client.patch_node_annotations(node_name, _lock_patch(key, value, stamp), resource_version=rv)
     except Conflict:
         return False  # the cache was behind the API server: re-read
     return True
+
+
+def _lock_patch(key: str, value: str, stamp: str | None) -> dict[str, str | None]:
+    """The lock and, for HAMi's lock key, its allocation stamp (None removes a stale one) in one write."""
+    if key != NODE_LOCK:
+        return {key: value}
+    return {key: value, NODE_LOCK_ALLOCATION: stamp}
 
 
 def release_node_lock(
@@ -398,8 +413,12 @@ def release_node_lock(
             )
             return False
         rv = (node.get("metadata") or {}).get("resourceVersion")
+        patch: dict[str, str | None] = {key: None}
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        if key == NODE_LOCK and NODE_LOCK_ALLOCATION in annotations:
+            patch[NODE_LOCK_ALLOCATION] = None  # the stamp belongs to the lock it was written with
         try:
-            client.patch_node_annotations(node_name, {key: None}, resource_version=rv)
+            client.patch_node_annotations(node_name, patch, resource_version=rv)
         except NotFound:
             return False
         except Conflict:

@@ -12,6 +12,7 @@ The rules here are pure functions of the pod's JSON (see `hami.objects` for the 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -182,7 +183,9 @@ def without_finished_init(devices: PodDevices, kinds: Sequence[ContainerKind]) -
     }
 
 
-def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list[CardGrant]:
+def collapse_grants(
+    devices: PodDevices, kinds: Sequence[ContainerKind], *, mig_from: PodDevices | None = None
+) -> list[CardGrant]:
     """Usage a pod holds per card (§2.2.2 collapse rule, sidecars counted with app containers).
 
     Per (vendor, uuid): memory/cores = max(largest init container, sum of app + sidecar containers);
@@ -190,8 +193,19 @@ def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list
     container declared after a native sidecar runs alongside it, so its peak includes that sidecar.
     A list written by another HAMi version with fewer or more entries than `kinds` is aligned first
     (`annotations.align_pod_devices`); entries still beyond `kinds` are treated as app containers.
+
+    MIG instances are held until the pod ends, also those of finished init containers (the device plugin
+    removes an instance only when its pod is gone): each grant carries the distinct placements of the
+    pod's instances on that card, taken from `mig_from` (default `devices`), and a card that only such
+    an instance still holds gets a grant of no memory, cores or slots.
     """
     out: list[CardGrant] = []
+    placements: dict[tuple[str, str], dict] = {}
+    for vendor, per_container in (devices if mig_from is None else mig_from).items():
+        for cds in per_container:
+            for cd in cds:
+                if cd.mig is not None:
+                    placements.setdefault((vendor, cd.uuid), {})[cd.mig.placement] = None
     for vendor, per_container in devices.items():
         if kinds and len(per_container) != len(kinds):
             per_container = align_pod_devices(per_container, len(kinds))
@@ -215,6 +229,7 @@ def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list
                     a[0] += cd.usedmem
                     a[1] += cd.usedcores
                     a[2] += 1
+        missing = Counter(cd.uuid for cds in per_container for cd in cds if cd.mig is None)
         for uuid in order:
             im, ic, islots = init.get(uuid, (0, 0, 0))
             am, ac, an = app.get(uuid, (0, 0, 0))
@@ -225,8 +240,12 @@ def collapse_grants(devices: PodDevices, kinds: Sequence[ContainerKind]) -> list
                     usedmem=max(im, am),
                     usedcores=max(ic, ac),
                     slots=max(an, islots, 1),
+                    mig=tuple(placements.pop((vendor, uuid), ())),
+                    mig_missing=missing[uuid],
                 )
             )
+    for (vendor, uuid), held in placements.items():
+        out.append(CardGrant(uuid=uuid, vendor=vendor, usedmem=0, usedcores=0, slots=0, mig=tuple(held)))
     return out
 
 

@@ -19,7 +19,7 @@ from itertools import filterfalse, repeat
 from typing import NamedTuple, Protocol, TypeVar
 
 from hami.fit import NodeFit, Reason, core_reason
-from hami.model import Device, DeviceUsage, Selection
+from hami.model import MIG_MODE, Device, DeviceUsage, Selection
 from hami.pods import ContainerSpec
 
 _ZERO = DeviceUsage()
@@ -32,12 +32,15 @@ class CardSummary:
 
     `per_card` rows: (reason or None, free MiB, card MiB, card cores %, used cores %, used slots). Health,
     cordon and slot exhaustion are decided when the summary is built (they do not depend on the demand).
-    `types` are the cards' model strings in lower case, for the type rules.
+    `types` are the cards' model strings in lower case, for the type rules. `mig` counts the cards in
+    MIG mode, which one container may take several times: a node with any leaves the card count to
+    the fit.
     """
 
     cards: int
     types: tuple[str, ...]
     per_card: tuple[tuple[Reason | None, int, int, int, int, int], ...]
+    mig: int = 0
     # Verdicts by demand: most pods ask alike, and a node's summary lives until its usage changes.
     memo: dict[Need, str | None] = field(default_factory=dict)
 
@@ -46,17 +49,19 @@ class CardSummary:
         devices: Sequence[Device], usage: Mapping[str, DeviceUsage], cordoned: frozenset[str]
     ) -> CardSummary:
         rows = []
+        mig = 0
         for d in devices:
             u = usage.get(d.uuid) or _ZERO
             code = None
-            if not d.health:
+            mig += d.mode == MIG_MODE
+            if not d.health or u.mig_unknown:
                 code = Reason.CARD_NOT_HEALTH
             elif d.uuid in cordoned:
                 code = Reason.CARD_CORDONED
             elif u.used >= d.count:
                 code = Reason.CARD_TIME_SLICING_EXHAUSTED
             rows.append((code, d.devmem - u.usedmem, d.devmem, d.devcore, u.usedcores, u.used))
-        return CardSummary(len(devices), tuple({d.type.lower() for d in devices}), tuple(rows))
+        return CardSummary(len(devices), tuple({d.type.lower() for d in devices}), tuple(rows), mig=mig)
 
 
 class Need(NamedTuple):
@@ -95,9 +100,9 @@ class Need(NamedTuple):
                         ok += 1
                         continue
             codes.append(code)
-        if ok >= self.nums:
-            return None
-        if self.nums > s.cards:
+        if ok >= self.nums or (ok and s.mig):
+            return None  # a card in MIG mode may give one container several instances: the fit decides
+        if self.nums > s.cards and not s.mig:
             return NodeFit(
                 ok=False,
                 reasons=Counter({Reason.NODE_INSUFFICIENT_DEVICE: s.cards or 1}),

@@ -9,6 +9,14 @@ must stay 20000 MiB as in HAMi (see `to_mib` for M and larger). Everything that 
 non-negative number in range is an `InvalidRequest` naming the resource.
 Quantity grammar and canonical form: k8s.io/apimachinery/pkg/api/resource (decimal SI, binary SI and
 exponent suffixes; "the exponent (or suffix) is as large as possible").
+
+Why not `kubernetes.utils.parse_quantity`: the official client's parser hands the number to Python's
+`Decimal`, so it accepts what the API server's grammar refuses and what a pod owner could use to slip
+past a limit: ``NaN``, ``Infinity``, ``1_000``, non-ASCII digits (``١٠``), a suffix after an exponent
+(``1e3k``) and exponents of any size (``1e999999999``). It also cannot say whether a unit was written, which the
+MiB rules below need (``20k`` is the 20000 MiB a user wrote; ``1000M`` per card is bytes). And the
+pure core may not import `kubernetes` (the import contracts keep the client behind `hami.kube`). So
+this module keeps its own grammar, the API server's, exactly.
 """
 
 from __future__ import annotations

@@ -65,6 +65,10 @@ _PLAIN = {
     Reason.CARD_INSUFFICIENT_CORE: "{n} without enough free cores",
     Reason.CARD_COMPUTE_UNITS_EXHAUSTED: "{n} with every core booked",
     Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST: "{n} fitting, fewer than the cards asked",
+    Reason.CARD_MIG_TOPOLOGY_INFEASIBLE: (
+        "{n} in MIG mode without a free placement for an allowed profile that big (the instances "
+        "already there, or those this pod takes, overlap every placement)"
+    ),
 }
 
 

@@ -46,15 +46,23 @@ class ReloadingTLS:
     """A server `SSLContext` whose certificate follows the files on disk.
 
     `cert_file`/`key_file` are PEM paths. The constructor loads them and raises `ssl.SSLError` /
-    `OSError` when the initial pair is unusable (startup must fail loudly). `on_reload(ok: bool)` is
+    `OSError` when the initial pair is unusable (startup must fail loudly). `client_ca_file` (PEM):
+    clients must present a certificate signed by one of its CAs (read again with every reload). `on_reload(ok: bool)` is
     called after every reload attempt (for metrics). Use `.context` as aiohttp's `ssl_context`.
     """
 
     def __init__(
-        self, cert_file: str, key_file: str, *, on_reload: Callable[[bool], None] | None = None
+        self,
+        cert_file: str,
+        key_file: str,
+        *,
+        on_reload: Callable[[bool], None] | None = None,
+        client_ca_file: str | None = None,
     ) -> None:
         self.cert_file = cert_file
         self.key_file = key_file
+        # With a client CA every handshake must present a client certificate signed by it (mutual TLS).
+        self.client_ca_file = client_ca_file
         self._on_reload = on_reload
         self.stats = ReloadStats()
         self._signature = self._current_signature()
@@ -72,6 +80,9 @@ class ReloadingTLS:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.load_cert_chain(self.cert_file, self.key_file)
+        if self.client_ca_file:
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_verify_locations(cafile=self.client_ca_file)
         return ctx
 
     def check(self) -> bool:

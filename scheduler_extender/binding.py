@@ -203,10 +203,13 @@ class BindVerbs(VerbState):
             return
         try:
             if pod_takes_node_lock(cached, self.state.vendors):
+                # The stamp tells the device plugin which pod UID and which allocation the lock is for.
+                decided = self.state.decided_allocations(uid) if uid else {}
                 lock_node(
                     self.client, node, namespace=ns, pod_name=name, uid=uid or None,
                     expiry_s=self.settings.node_lock_expiry_s,
                     cached=self.node_lookup(node), mutexes=self.node_mutexes,
+                    stamp=A.encode_allocation_stamp(uid, decided) if decided else None,
                 )  # fmt: skip
         except NodeLockContention as e:
             raise LockHeld("lock", f"binding {who} to {node} failed: {e}") from None

@@ -1,7 +1,7 @@
 """`hami-scheduler-extender`: flags -> `ExtenderOptions` -> `main`; no scheduling logic here.
 
     hami-scheduler-extender --kubeconfig FILE --address 127.0.0.1 --port 8888 --scheduler-name hami-scheduler
-    hami-scheduler-extender --tls-cert-file C --tls-private-key-file K --leader-elect \
+    hami-scheduler-extender --address 0.0.0.0 --tls-cert-file C --tls-private-key-file K --client-ca-file CA \
         --leader-elect-resource-namespace kube-system --config /device-config.yaml
 
 Precedence, the rule of every server (`hami.settings`): command-line flag > environment variable
@@ -33,7 +33,7 @@ from hami.errors import HamiError, InvalidRequest
 from scheduler_extender.app import Server
 from scheduler_extender.events import EVENT_LEVELS
 from scheduler_extender.gctune import GcFreezer
-from scheduler_extender.options import ExtenderOptions
+from scheduler_extender.options import ExtenderOptions, is_loopback, split_host_port
 from scheduler_extender.wire import MAX_BODY_BYTES
 
 __all__ = ["ENV_ALIASES", "ENV_PREFIX", "Server", "build_parser", "duration", "main", "parse_args"]
@@ -60,10 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="HAMi scheduler extender (filter + bind for kube-scheduler)",
     )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else in-cluster)")
-    p.add_argument("--address", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="listen address of /filter /prioritize /bind (default 127.0.0.1: kube-scheduler runs in "
+                   "the same pod); any other address needs --tls-cert-file, --tls-private-key-file and "
+                   "--client-ca-file")  # fmt: skip
     p.add_argument("--port", type=int, default=8888, help="listen port (default 8888; 0 = any free port)")
+    p.add_argument("--metrics-bind-address", default="",
+                   help="[HOST]:PORT of a second listener serving only /healthz /readyz /metrics, e.g. :9395 "
+                   "(HAMi's flag; default: none, health and metrics on the verbs listener only)")  # fmt: skip
     p.add_argument("--tls-cert-file", help="PEM certificate: serve HTTPS (with --tls-private-key-file)")
     p.add_argument("--tls-private-key-file", help="PEM private key for --tls-cert-file")
+    p.add_argument("--client-ca-file",
+                   help="PEM CA bundle: the verbs listener requires client certificates signed by it (needs "
+                   "--tls-cert-file)")  # fmt: skip
     p.add_argument(
         "--scheduler-name",
         help="place only pods with this spec.schedulerName (default: config or hami-scheduler)",
@@ -101,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "devices unusable (HAMi: 60s)")  # fmt: skip
     p.add_argument("--reservation-ttl", type=duration, default=60.0,
                    help="drop a filter reservation no pod event confirmed within this (default 60s)")  # fmt: skip
+    p.add_argument("--advertise-node-resources", type=boolean, nargs="?", const=True, default=False,
+                   help="advertise each GPU node's card totals as its capacity of the memory and cores "
+                   "resources (nvidia.com/gpumem, nvidia.com/gpucores), for kube-scheduler's preemption "
+                   "when it counts them (ignoredByScheduler: false). Default false")  # fmt: skip
     p.add_argument(
         "--max-request-bytes", type=int, default=MAX_BODY_BYTES, help="request body limit (default 1 MiB)"
     )
@@ -167,6 +180,24 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         parser.error(f"--bind-lock-wait {values['bind_lock_wait']:g}s: want 0 (fail at once) or a positive duration")
     if bool(values["tls_cert_file"]) != bool(values["tls_private_key_file"]):
         parser.error("--tls-cert-file and --tls-private-key-file go together")
+    values["client_ca_file"] = values["client_ca_file"] or None
+    if values["client_ca_file"] and not values["tls_cert_file"]:
+        parser.error("--client-ca-file needs --tls-cert-file and --tls-private-key-file (client certificates "
+                     "are checked in the TLS handshake)")  # fmt: skip
+    if not is_loopback(values["address"]) and not values["client_ca_file"]:
+        # /filter and /bind decide which node and cards a pod gets: reachable from the pod network
+        # (the chart's Service, any pod), anyone could bind pods.
+        parser.error(
+            f"--address {values['address']}: /filter, /prioritize and /bind would be reachable from other "
+            "hosts without authentication; listen on 127.0.0.1 (kube-scheduler in the same pod) or give "
+            "--tls-cert-file, --tls-private-key-file and --client-ca-file so that only holders of a client "
+            "certificate can call them"
+        )
+    if values["metrics_bind_address"]:
+        try:
+            split_host_port(values["metrics_bind_address"])
+        except ValueError as e:
+            parser.error(f"--metrics-bind-address {e}")
     device_config = with_switches(supplied["device_config"], values)
     for dest in SCHEDULER_SWITCHES:  # carried by device_config.scheduler, where the vendors read them
         del values[dest]
@@ -208,7 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("cannot start: %s", e)
         return 2
     logging.basicConfig(level=options.log_level, format=fmt, stream=sys.stderr)
-    tls = {"--tls-cert-file": options.tls_cert_file, "--tls-private-key-file": options.tls_private_key_file}
+    tls = {
+        "--tls-cert-file": options.tls_cert_file,
+        "--tls-private-key-file": options.tls_private_key_file,
+        "--client-ca-file": options.client_ca_file,
+    }
     for problem in settings.file_problems(tls):
         log.error("cannot start: %s", problem)
         return 2

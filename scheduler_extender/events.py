@@ -30,6 +30,12 @@ BINDING_SUCCEED = "BindingSucceed"
 BINDING_FAILED = "BindingFailed"
 #: Warning: a scheduling policy annotation of the pod could not be used; the default applied instead.
 POLICY_IGNORED = "SchedulingPolicyIgnored"
+#: Warning on a Node: its device registration cannot be read, so the node is left out of scheduling.
+INVALID_REGISTRATION = "InvalidRegistration"
+#: The preempt verb's answer for a pending pod: per node, the pods whose eviction frees its cards.
+PREEMPTION_PLANNED = "PreemptionPlanned"
+#: Warning: no candidate node kube-scheduler offered has lower-priority pods whose eviction frees cards.
+PREEMPTION_NOT_HELPFUL = "PreemptionNotHelpful"
 
 #: `--events`: all (HAMi: every filter and bind), failures (Warning events only), none.
 EVENT_LEVELS = ("all", "failures", "none")
@@ -65,6 +71,27 @@ def filtering_failed_message(failed: Mapping[str, str], *, containers: Sequence[
 def filtering_succeed_message(node: str, cards: list[str], not_chosen: int) -> str:
     """``find fit node(node1), cards GPU-a, GPU-b; 2 other candidate nodes not chosen``."""
     return f"find fit node({node}), cards {', '.join(cards) or 'none'}; {not_chosen} other candidate nodes not chosen"
+
+
+def node_names(nodes: Sequence[str]) -> str:
+    """Node names for a message, at most `MAX_NAMES` then "and N more"."""
+    return _names(list(nodes))
+
+
+def preemption_message(plans: Mapping[str, Any], left_out: Sequence[str]) -> str:
+    """``victims on 2 nodes: n1: ml/a, ml/b; n2: ml/c; no room on n3`` (`plans`: node -> NodePlan);
+    kube-scheduler picks one of the nodes and evicts its victims."""
+    parts = []
+    for node in sorted(plans)[:MAX_NAMES]:
+        vs = plans[node].victims
+        parts.append(f"{node}: " + ", ".join(f"{v.namespace}/{v.name}" if v.name else v.uid for v in vs))
+    more = len(plans) - MAX_NAMES
+    text = f"victims on {len(plans)} node{'s' if len(plans) != 1 else ''}: " + "; ".join(parts)
+    if more > 0:
+        text += f"; and {more} more nodes"
+    if left_out:
+        text += f"; no room on {_names(list(left_out))}"
+    return text
 
 
 def binding_succeed_message(node: str, namespace: str, name: str) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from hami.cluster import ClusterState
@@ -31,6 +31,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05
 
 FILTER_RESULTS = ("placed", "unschedulable", "passthrough", "error")
 BIND_RESULTS = ("bound", "error")
+PREEMPT_RESULTS = ("planned", "no_plan", "error")
 
 
 class ClusterCollector(Collector):
@@ -123,6 +124,12 @@ class ClusterCollector(Collector):
             limit.add_metric([ns, res, ZONE], lim)
         yield used
         yield limit
+        yield CounterMetricFamily(
+            "hami_scheduler_allocation_mismatch",
+            "Pod events whose allocation annotations differ from what this extender decided for the pod "
+            "(the decision is counted, not the annotations)",
+            value=self.state.allocation_mismatches,
+        )
 
 
 class ExtenderMetrics:
@@ -133,6 +140,8 @@ class ExtenderMetrics:
     - `hami_scheduler_filter_total{result}`: placed, unschedulable, passthrough (no managed device),
       error (the reply's `Error` was set).
     - `hami_scheduler_bind_total{result}`: bound, error.
+    - `hami_scheduler_preempt_total{result}`: preempt calls: planned (victims on at least one node),
+      no_plan (no candidate node has room to free), error (a non-200 answer).
     - `hami_scheduler_filter_failures_total{reason}` / `hami_scheduler_bind_failures_total{reason}`:
       failures by reason (bad_request, not_ready, wrong_scheduler, invalid_pod, no_fit, patch,
       pod_gone, node_gone, no_reservation, lock, record, bind, ...).
@@ -169,6 +178,14 @@ class ExtenderMetrics:
         )
         for r in BIND_RESULTS:
             self.binds.labels(r)
+        self.preempt_calls = Counter(
+            "hami_scheduler_preempt_total",
+            "Preempt calls answered, by result",
+            ["result"],
+            registry=self.registry,
+        )
+        for r in PREEMPT_RESULTS:
+            self.preempt_calls.labels(r)
         self.filter_failures = Counter(
             "hami_scheduler_filter_failures_total",
             "Filter calls that placed nothing, by reason",
@@ -187,6 +204,12 @@ class ExtenderMetrics:
         self.synced = Gauge(
             "hami_scheduler_cache_synced",
             "1 while the caches are synced in the current leadership term",
+            registry=self.registry,
+        )
+        self.registration_invalid = Gauge(
+            "hami_node_registration_invalid",
+            "1 for each node whose device registration cannot be read (the node is left out alone)",
+            ["node"],
             registry=self.registry,
         )
         self.events_dropped = Counter(

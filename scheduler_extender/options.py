@@ -5,6 +5,7 @@ device config (`hami.settings`: flag > environment > config file > default) and 
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
 from hami.config import DeviceConfig
@@ -42,6 +43,9 @@ class SyncOptions:
     is unusable (HAMi 60 s)."""
     reservation_ttl_s: float = 60.0
     """Seconds a filter reservation waits for the pod event that confirms it (default 60 s)."""
+    advertise_node_resources: bool = False
+    """Keep every GPU node's capacity of the memory and cores resources at its cards' totals
+    (`scheduler_extender.advertise`)."""
 
 
 @dataclass(frozen=True)
@@ -53,14 +57,23 @@ class ExtenderOptions:
 
     kubeconfig: str | None = None
     """``--kubeconfig`` (``HAMI_EXTENDER_KUBECONFIG``, ``KUBECONFIG``); None = in-cluster service account."""
-    address: str = "0.0.0.0"
-    """``--address``: listen address."""
+    address: str = "127.0.0.1"
+    """``--address``: listen address of the verbs (/filter, /prioritize, /bind; /healthz, /readyz and
+    /metrics too). Loopback by default: kube-scheduler runs beside the extender in one pod. Any other
+    address needs TLS with client certificates (`client_ca_file`)."""
     port: int = 8888
     """``--port``: listen port; 0 = any free port."""
+    metrics_bind_address: str = ""
+    """``--metrics-bind-address`` (HAMi's flag): ``[HOST]:PORT`` of a second listener that serves only
+    /healthz, /readyz and /metrics (probes and Prometheus on the pod IP); "" = none. The chart sets
+    ``:9395``."""
     tls_cert_file: str | None = None
     """``--tls-cert-file``: PEM certificate; set with `tls_private_key_file` to serve HTTPS."""
     tls_private_key_file: str | None = None
     """``--tls-private-key-file``: PEM private key of `tls_cert_file`."""
+    client_ca_file: str | None = None
+    """``--client-ca-file``: PEM CA bundle; the verbs listener then requires a client certificate signed
+    by it (kube-scheduler's extender ``tlsConfig.certFile``/``keyFile``). Needs `tls_cert_file`."""
     scheduler_name: str = "hami-scheduler"
     """``--scheduler-name``: place only pods with this ``spec.schedulerName`` (default: the device
     config's ``scheduler.schedulerName``, ``hami-scheduler``); "" accepts any."""
@@ -96,6 +109,10 @@ class ExtenderOptions:
     """``--handshake-timeout``, seconds (HAMi 60 s)."""
     reservation_ttl: float = 60.0
     """``--reservation-ttl``, seconds: unconfirmed filter reservations are dropped after this."""
+    advertise_node_resources: bool = False
+    """``--advertise-node-resources``: advertise each GPU node's card totals as its capacity of
+    ``nvidia.com/gpumem`` and ``nvidia.com/gpucores``, so that kube-scheduler, told to count those two
+    (``ignoredByScheduler: false``), finds preemption victims (docs/scheduler-extender.md)."""
     max_request_bytes: int = MAX_BODY_BYTES
     """``--max-request-bytes``: /filter and /bind body limit in bytes (default 1 MiB)."""
     kube_qps: float = 0.0
@@ -120,6 +137,11 @@ class ExtenderOptions:
     """The parsed `config` file (read once by the CLI; defaults when `config` is None)."""
 
     @property
+    def metrics_listener(self) -> tuple[str, int] | None:
+        """(host, port) of the health and metrics listener, None when `metrics_bind_address` is ""."""
+        return split_host_port(self.metrics_bind_address) if self.metrics_bind_address else None
+
+    @property
     def election(self) -> LeaderElection | None:
         """The Lease to campaign for, or None without ``--leader-elect``."""
         if not self.leader_elect:
@@ -140,4 +162,23 @@ class ExtenderOptions:
             register_interval_s=self.register_interval,
             handshake_timeout_s=self.handshake_timeout,
             reservation_ttl_s=self.reservation_ttl,
+            advertise_node_resources=self.advertise_node_resources,
         )
+
+
+def is_loopback(address: str) -> bool:
+    """Whether `address` (an IP or ``localhost``) only accepts connections from this host (pod)."""
+    if address.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``[HOST]:PORT`` -> (host, port); an empty host is every address (``0.0.0.0``). Raises ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{value!r}: want [HOST]:PORT, e.g. :9395 or 127.0.0.1:9395")
+    return host.strip("[]") or "0.0.0.0", int(port)

@@ -1,5 +1,5 @@
-"""The extender's protocol handlers: POST /filter, POST /prioritize, POST /bind, GET /healthz, GET /readyz,
-GET /metrics.
+"""The extender's protocol handlers: POST /filter, POST /prioritize, POST /bind, POST /preempt, GET /healthz,
+GET /readyz, GET /metrics.
 
 kube-scheduler treats any status other than 200 as a transport error, so /filter and /bind answer 200
 with the protocol's ``Error`` field for every problem, including bodies that are not JSON or exceed
@@ -85,6 +85,49 @@ def make_app(
 
         return handle
 
+    m = extender.metrics
+    app.router.add_post(
+        "/filter",
+        verb(extender.filter, "ExtenderArgs", lambda e: filter_result(None, error=e), lambda: m.filter_failed("bad_request")),
+    )
+    # kube-scheduler ignores a failed prioritize (every node gets 0 from us): an empty list says the same.
+    app.router.add_post("/prioritize", verb(extender.prioritize, "ExtenderArgs", lambda _e: [], lambda: None))
+    app.router.add_post(
+        "/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result, lambda: m.bind_failed("bad_request"))
+    )
+
+    async def preempt(request: web.Request) -> web.Response:
+        # ExtenderPreemptionResult has no error field: problems are non-200 answers (see preempting.py).
+        try:
+            body = await read_body(request, max_body_bytes)
+        except BodyTooLarge:
+            m.preempt_calls.labels("error").inc()
+            resp = web.Response(text=_too_large("ExtenderPreemptionArgs", max_body_bytes) + "\n", status=413)
+            resp.force_close()
+            return resp
+        status, result = await extender.preempt(body)
+        if status != 200:
+            return web.Response(text=f"{result}\n", status=status)
+        return _json(result)
+
+    app.router.add_post("/preempt", preempt)
+    _add_health_routes(app, extender, health)
+    return app
+
+
+def make_health_app(
+    extender: Extender, *, health: Callable[[], str | None] = lambda: None
+) -> web.Application:
+    """/healthz, /readyz and /metrics alone: the listener on the pod IP (``--metrics-bind-address``).
+
+    It carries no verb, so reaching it (a Service, a probe, Prometheus) cannot place or bind a pod.
+    """
+    app = web.Application(client_max_size=1024)
+    _add_health_routes(app, extender, health)
+    return app
+
+
+def _add_health_routes(app: web.Application, extender: Extender, health: Callable[[], str | None]) -> None:
     async def healthz(_request: web.Request) -> web.Response:
         why = health()
         if why is None:
@@ -101,17 +144,6 @@ def make_app(
         data = generate_latest(extender.metrics.registry)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    m = extender.metrics
-    app.router.add_post(
-        "/filter",
-        verb(extender.filter, "ExtenderArgs", lambda e: filter_result(None, error=e), lambda: m.filter_failed("bad_request")),
-    )
-    # kube-scheduler ignores a failed prioritize (every node gets 0 from us): an empty list says the same.
-    app.router.add_post("/prioritize", verb(extender.prioritize, "ExtenderArgs", lambda _e: [], lambda: None))
-    app.router.add_post(
-        "/bind", verb(extender.bind, "ExtenderBindingArgs", bind_result, lambda: m.bind_failed("bad_request"))
-    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    return app

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from hami.cluster import ClusterState
@@ -96,9 +96,11 @@ class Runtime:
         sync: SyncOptions | None = None,
         inflight: Inflight | None = None,
         lock_queues: LockQueues | None = None,
+        on_invalid_registration: Callable[[dict, str | None], None] | None = None,
     ) -> None:
         self.client = client
         self.lock_queues = lock_queues
+        self.on_invalid_registration = on_invalid_registration
         self.state = state
         self.metrics = metrics
         self.sync_options = sync or SyncOptions()
@@ -139,6 +141,7 @@ class Runtime:
             log.info("term %d: rebuilding state from the API server", self.term)
             self.sync = ClusterSync(
                 self.client, self.state, inflight=self.inflight, lock_queues=self.lock_queues,
+                on_invalid_registration=self.on_invalid_registration,
                 **dataclasses.asdict(self.sync_options),
             ).start()  # fmt: skip
             self.guard.open()
@@ -170,6 +173,8 @@ class Runtime:
             holder = self.elector.leader_identity if self.elector is not None else ""
             return f"standby replica (leader is {holder or 'not known yet'})"
         sync = self.sync
+        if sync is not None and sync.rebuild_error is not None:
+            return sync.rebuild_error
         if sync is None or not sync.synced:
             return "caches of nodes, pods and resourcequotas are not synced yet in this leadership term"
         self._gauges()

@@ -1,7 +1,7 @@
-"""The extender, assembled: its settings and the state both verbs share; the verbs live in
+"""The extender, assembled: its settings and the state the verbs share; the verbs live in
 `scheduler_extender.filtering` (filter = decide + reserve (ClusterState) + record (one pod patch), and
-prioritize) and `scheduler_extender.binding` (bind = node lock + Binding, undoing what was taken on any
-failure).
+prioritize), `scheduler_extender.binding` (bind = node lock + Binding, undoing what was taken on any
+failure) and `scheduler_extender.preempting` (preempt = the victims that free cards, per node).
 
 Blocking work (ClusterState, the kube client) runs in worker threads; the event loop only parses,
 dispatches and answers.
@@ -23,6 +23,7 @@ from scheduler_extender.binding import BindFailure, BindVerbs, LockHeld
 from scheduler_extender.filtering import FilterVerbs
 from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
+from scheduler_extender.preempting import PreemptVerbs
 from scheduler_extender.runtime import TermGuard
 from scheduler_extender.sync import Inflight
 
@@ -52,8 +53,8 @@ class Settings:
     filter_mode: str = "single"
 
 
-class Extender(FilterVerbs, BindVerbs):
-    """Filter and bind over `state` and `client` (a `hami.kube.KubeClient`, or None for no API writes).
+class Extender(FilterVerbs, BindVerbs, PreemptVerbs):
+    """Filter, bind and preempt over `state` and `client` (a `hami.kube.KubeClient`, or None for no API writes).
 
     `readiness()` returns None when this replica may serve, else why not (standby, caches syncing).
     `pod_lookup(namespace, name)` returns the watched copy of a pod (or None); bind uses it to answer a

@@ -31,6 +31,7 @@ from hami.cluster import ClusterState
 from hami.errors import HamiError
 from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 from hami.kube import KubeClient, Reflector
+from scheduler_extender.advertise import NodeAdvertiser
 from scheduler_extender.lockwait import LockQueues, lock_freed, owner_done_node, placed_node
 
 log = logging.getLogger(__name__)
@@ -126,8 +127,15 @@ class ClusterSync:
         clock: Callable[[], datetime] = datetime.now,
         inflight: Inflight | None = None,
         lock_queues: LockQueues | None = None,
+        on_invalid_registration: Callable[[dict[str, Any], str | None], None] | None = None,
+        advertise_node_resources: bool = False,
     ) -> None:
         self.client = client
+        # Told (node, reason) when a node's registration turns unreadable, (node, None) when it is
+        # readable again or the node is gone: the operator's event and metric (scheduler_extender.app).
+        self.on_invalid_registration = on_invalid_registration
+        self._invalid: dict[str, str] = {}  # node -> reason its registration cannot be read
+        self.rebuild_error: str | None = None  # why the last rebuild did not complete
         # Binds waiting for a node lock are woken from these watches (scheduler_extender.lockwait).
         self.lock_queues = lock_queues
         self.inflight = inflight if inflight is not None else Inflight(reservation_ttl_s)
@@ -155,6 +163,8 @@ class ClusterSync:
             on_update=self._pod_updated, on_delete=self._pod_deleted,
             watch_timeout_s=watch_timeout_s, name="extender-pods",
         )  # fmt: skip
+        # --advertise-node-resources: the nodes' device totals as capacity (scheduler_extender.advertise).
+        self.advertiser = NodeAdvertiser(client, state, self.nodes.get) if advertise_node_resources else None
         self.quotas = Reflector(
             client, "resourcequotas", on_sync=self._quotas_synced, on_add=self._quota_event,
             on_update=lambda _old, new: self._quota_event(new), on_delete=self._quota_deleted,
@@ -165,6 +175,8 @@ class ClusterSync:
 
     def start(self) -> ClusterSync:
         """Start the reflectors and the registration loop (non-blocking)."""
+        if self.advertiser is not None:
+            self.advertiser.start()
         for r in (self.quotas, self.nodes, self.pods):
             r.start()
         self._loop_thread = threading.Thread(target=self._loop, name="extender-register", daemon=True)
@@ -178,13 +190,22 @@ class ClusterSync:
         self._stop.set()
         for r in (self.nodes, self.pods, self.quotas):
             r.stop()
+        if self.advertiser is not None:
+            self.advertiser.stop()
         if self._loop_thread is not None:
             self._loop_thread.join(5.0)
 
     @property
     def synced(self) -> bool:
-        """True once nodes, pods and quotas were each listed and applied in this term."""
-        return self.nodes.synced and self.pods.synced and self.quotas.synced and not self._closed
+        """True once nodes, pods and quotas were each listed and applied in this term, and the last
+        rebuild of the state from them completed."""
+        return (
+            self.nodes.synced
+            and self.pods.synced
+            and self.quotas.synced
+            and self.rebuild_error is None
+            and not self._closed
+        )
 
     def wait_synced(self, timeout_s: float | None = None) -> bool:
         """Block until `synced` (False on timeout)."""
@@ -205,10 +226,29 @@ class ClusterSync:
             ).reason
         # With --register-interval 0 node liveness is off: no verdict from the handshake (`reason` None).
         self._health[name] = reason
-        if self.state.upsert_node(node) is not None:
+        problem = self.state.upsert_node(node)
+        self._note_registration(node, problem)
+        if problem is not None:
             return  # unregistered or malformed: upsert_node already says why
         if reason is not None:
             self.state.mark_node_unusable(name, reason)
+
+    def _note_registration(self, node: dict[str, Any], problem: str | None) -> None:
+        """Tell the operator once when a node's registration becomes unreadable, and when it is not."""
+        name = (node.get("metadata") or {}).get("name", "")
+        invalid = problem if problem is not None and not problem.startswith("node unregistered") else None
+        if self._invalid.get(name) == invalid:
+            return
+        if invalid is None:
+            self._invalid.pop(name, None)
+        else:
+            self._invalid[name] = invalid
+            log.warning("node %s left out: its device registration cannot be read: %s", name, invalid)
+        if self.on_invalid_registration is not None:
+            try:
+                self.on_invalid_registration(node, invalid)
+            except Exception:  # noqa: BLE001 - reporting must not stop the sync
+                log.exception("reporting the registration of node %s failed", name)
 
     def _rebuild_from_caches(self, kind: str) -> None:
         """Rebuild the state from the three caches after `kind` ("nodes", "pods", "quotas") was listed.
@@ -228,10 +268,20 @@ class ClusterSync:
             pods = self.pods.items()
             if mid_term:
                 pods = [p for p in pods if self.inflight.admits(p)]
-            self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
+            try:
+                self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
+                for node in nodes:
+                    self._apply_node(node)
+                    if self.advertiser is not None:
+                        self.advertiser.notify((node.get("metadata") or {}).get("name", ""))
+            except Exception as e:  # noqa: BLE001 - not ready rather than serving from half a state
+                self.rebuild_error = (
+                    f"the state could not be rebuilt from the {kind} list: {type(e).__name__}: {e}"
+                )
+                log.exception("state rebuild after the %s list failed; not ready until one completes", kind)
+                return
+            self.rebuild_error = None
             self.rebuilds += 1
-            for node in nodes:
-                self._apply_node(node)
             log.info(
                 "state rebuilt from %d nodes, %d pods, %d quotas%s",
                 len(nodes),
@@ -251,8 +301,11 @@ class ClusterSync:
 
     def _node_event(self, node: dict[str, Any]) -> None:
         with self._lock:
-            if not self._closed:
-                self._apply_node(node)
+            if self._closed:
+                return
+            self._apply_node(node)
+        if self.advertiser is not None:
+            self.advertiser.notify((node.get("metadata") or {}).get("name", ""))
 
     def _node_updated(self, old: dict[str, Any], new: dict[str, Any]) -> None:
         queues = self.lock_queues
@@ -269,6 +322,7 @@ class ClusterSync:
                 name = (node.get("metadata") or {}).get("name", "")
                 self._health.pop(name, None)
                 self.state.remove_node(name)
+                self._note_registration(node, None)
         if self.lock_queues is not None:
             self.lock_queues.notify((node.get("metadata") or {}).get("name", ""))  # waiters fail fast
 
@@ -298,7 +352,9 @@ class ClusterSync:
 
     def _pod_inputs(self, pod: dict[str, Any]) -> tuple[Any, ...]:
         """What `ClusterState.upsert_pod` reads from a pod (hami/cluster.py): allocation annotations,
-        scheduler name, node name, phase, the container lists and init container states."""
+        scheduler name, node name, phase, the container lists and init container states, the nominated
+        node (a preemptor's hold), the start of graceful deletion (a victim still on its cards) and the
+        labels (PodDisruptionBudgets select by them)."""
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         status = pod.get("status") or {}
@@ -315,6 +371,10 @@ class ClusterSync:
             spec.get("initContainers"),
             status.get("phase"),
             status.get("initContainerStatuses"),
+            status.get("nominatedNodeName"),
+            status.get("startTime"),  # preemption keeps the longest-running pods
+            meta.get("deletionTimestamp"),
+            meta.get("labels"),  # PodDisruptionBudget selectors
         )
 
     def _pod_deleted(self, pod: dict[str, Any]) -> None:

@@ -175,3 +175,97 @@ def filter_result(
 def bind_result(error: str = "") -> dict[str, str]:
     """An ExtenderBindingResult: `{"Error": ""}` on success."""
     return {"Error": error}
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptArgs:
+    """A parsed ExtenderPreemptionArgs.
+
+    `victims`: per candidate node, kube-scheduler's proposed victim UIDs in the order sent (highest
+    priority first; empty for a placeholder candidate). `pdb_violations`: its NumPDBViolations per node.
+    `pods`: the full victim Pods by UID when kube-scheduler is not cache-capable (`NodeNameToVictims`),
+    else None (`NodeNameToMetaVictims` carries UIDs only).
+    """
+
+    pod: dict[str, Any]
+    victims: dict[str, list[str]]
+    pdb_violations: dict[str, int]
+    pods: dict[str, dict[str, Any]] | None
+
+
+def _victims_entry(value: Any, where: str) -> tuple[list[Any], int]:
+    if value is None:
+        return [], 0  # a node with no proposal yet (a placeholder candidate)
+    entry = _fold(value, where) if isinstance(value, dict) else None
+    if entry is None:
+        raise InvalidRequest(
+            f'{where}: want {{"Pods": [...], "NumPDBViolations": n}}, got {type(value).__name__}'
+        )
+    pods = entry.get("pods")
+    if pods is None:
+        pods = []
+    if not isinstance(pods, list):
+        raise InvalidRequest(f"{where}.Pods: want an array")
+    n = entry.get("numpdbviolations", 0)
+    if n is None:
+        n = 0
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise InvalidRequest(f"{where}.NumPDBViolations: want a non-negative integer, got {n!r}")
+    return pods, n
+
+
+def parse_preempt_args(body: bytes) -> PreemptArgs:
+    """Parse ExtenderPreemptionArgs: `Pod` plus `NodeNameToMetaVictims` (nodeCacheCapable true: UIDs)
+    or `NodeNameToVictims` (false: full Pods). Raises InvalidRequest naming the field."""
+    args = decode_json(body, "ExtenderPreemptionArgs")
+    pod = args.get("pod")
+    if not isinstance(pod, dict):
+        raise InvalidRequest(
+            "ExtenderPreemptionArgs.Pod: missing or not an object; want the v1.Pod being scheduled"
+        )
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("uid"), str) or not meta["uid"]:
+        raise InvalidRequest("ExtenderPreemptionArgs.Pod.metadata.uid: missing; want the pod's UID")
+    meta_raw, full_raw = args.get("nodenametometavictims"), args.get("nodenametovictims")
+    raw, full = (meta_raw, False) if meta_raw is not None else (full_raw, True)
+    key = "NodeNameToVictims" if full else "NodeNameToMetaVictims"
+    if raw is None:
+        raise InvalidRequest(
+            "ExtenderPreemptionArgs: NodeNameToMetaVictims and NodeNameToVictims are both missing or null; "
+            "send NodeNameToMetaVictims (nodeCacheCapable: true) or NodeNameToVictims (false)"
+        )
+    if not isinstance(raw, dict) or "" in raw:
+        raise InvalidRequest(f"ExtenderPreemptionArgs.{key}: want an object of node name -> victims")
+    victims: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    pods: dict[str, dict[str, Any]] = {}
+    for node, value in raw.items():
+        where = f"ExtenderPreemptionArgs.{key}[{node!r}]"
+        items, counts[node] = _victims_entry(value, where)
+        uids = []
+        for i, item in enumerate(items):
+            if full:
+                m = item.get("metadata") if isinstance(item, dict) else None
+                uid = m.get("uid") if isinstance(m, dict) else None
+            else:
+                uid = _fold(item, f"{where}.Pods[{i}]").get("uid") if isinstance(item, dict) else None
+            if not isinstance(uid, str) or not uid:
+                field = "metadata.uid" if full else "UID"
+                raise InvalidRequest(f"{where}.Pods[{i}].{field}: missing; want the victim pod's UID")
+            uids.append(uid)
+            if full:
+                pods[uid] = item
+        victims[node] = uids
+    return PreemptArgs(pod=pod, victims=victims, pdb_violations=counts, pods=pods if full else None)
+
+
+def preempt_result(victims: Mapping[str, tuple[list[str], int]]) -> dict[str, Any]:
+    """An ExtenderPreemptionResult: always `NodeNameToMetaVictims` (kube-scheduler reads only that key,
+    whatever its cache mode), node -> victim UIDs (highest priority first) and NumPDBViolations. Nodes
+    left out are dropped from kube-scheduler's candidates; every node here must have a victim."""
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": n}
+            for node, (uids, n) in victims.items()
+        }
+    }

@@ -107,9 +107,8 @@ def render() -> str:
     lines.append(
         "`nodeconfig` is a list of such entries (HAMi's per-node device-plugin JSON); keys are matched "
         "case-insensitively, a zero, false or empty value means not overridden, and an unknown key is an "
-        "error. HAMi's other per-node keys (`operatingmode`, `migstrategy`, `filterdevices`, "
-        "`enablegetpreferredallocation`) are accepted and not used: this device plugin has no MIG or MPS "
-        "mode and no device filter."
+        "error. HAMi's other per-node keys (`filterdevices`, `enablegetpreferredallocation`) are accepted "
+        "and not used: this device plugin has no device filter and always answers GetPreferredAllocation."
     )
     return "\n".join(lines).rstrip() + "\n"
 

@@ -33,7 +33,11 @@ def build_mutator(options: WebhookOptions) -> tuple[Mutator, Caches | None]:
 
     Raises InvalidRequest for an unloadable kubeconfig.
     """
-    settings = WebhookSettings(scheduler_name=options.scheduler_name, takeover_schedulers=options.takeover)
+    settings = WebhookSettings(
+        scheduler_name=options.scheduler_name,
+        takeover_schedulers=options.takeover,
+        allocation_writers=options.writers,
+    )
     vendors = build_vendors(options.device_config)
     caches = None
     if options.kubeconfig or options.in_cluster:

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma list of schedulerName values replaced by ours; an absent name always is "
         f"(default {DEFAULT_SCHEDULER})",
     )
+    p.add_argument("--allocation-writers", default="",
+                   help="comma list of usernames that may change a pod's allocation annotations after CREATE "
+                   "(the scheduler's and device plugin's service accounts, system:serviceaccount:NS:NAME); "
+                   "anyone else's UPDATE that changes one is denied")  # fmt: skip
     p.add_argument("--kubeconfig", default=None, help="kubeconfig for the quota/namespace caches")
     p.add_argument("--in-cluster", action="store_true", help="watch quotas with the in-cluster config")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -69,15 +69,24 @@ def make_ca(common_name: str = "hami-webhook-test-ca", *, validity: dt.timedelta
     return CA(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key=key, cert=cert)
 
 
+def make_client_cert(
+    ca: CA, common_name: str = "system:kube-scheduler", *, validity: dt.timedelta = dt.timedelta(days=1)
+) -> tuple[bytes, bytes]:
+    """A client certificate (extended key usage clientAuth) for `common_name` signed by `ca`, valid for
+    `validity` from 5 minutes ago: (certificate PEM, PKCS#8 key PEM)."""
+    return make_server_cert(ca, dns_names=(common_name,), ips=(), validity=validity, usage="client")
+
+
 def make_server_cert(
     ca: CA,
     *,
     dns_names: tuple[str, ...] = ("localhost",),
     ips: tuple[str, ...] = ("127.0.0.1",),
     validity: dt.timedelta = dt.timedelta(days=1),
+    usage: str = "server",
 ) -> tuple[bytes, bytes]:
     """A serving certificate signed by `ca` with the SANs given, valid for `validity` (default one day)
-    from 5 minutes ago: (certificate PEM, PKCS#8 key PEM)."""
+    from 5 minutes ago: (certificate PEM, PKCS#8 key PEM). `usage` "client" makes a client certificate."""
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -93,7 +102,12 @@ def make_server_cert(
         .not_valid_after(_now() + validity)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.CLIENT_AUTH if usage == "client" else ExtendedKeyUsageOID.SERVER_AUTH]
+            ),
+            critical=False,
+        )
         .sign(ca.key, hashes.SHA256())
     )
     key_pem = key.private_bytes(

@@ -1,8 +1,9 @@
 """The admission decision for one pod: the orchestration of hami-legacy-spec §2.1 with the issue's rules.
 
 Order of the steps, and why:
-1. Only CREATE of core/v1 pods (no sub-resource) is reviewed; anything else is allowed unchanged,
-   except another kind, which is a configuration mistake and is denied with a message saying so.
+1. CREATE of core/v1 pods (no sub-resource) is reviewed as below; an UPDATE only for who changes an
+   allocation annotation (`Mutator.review_update`); anything else is allowed unchanged, except
+   another kind, which is a configuration mistake and is denied with a message saying so.
 2. `hami.io/webhook: ignore` as a label of the pod or of its namespace: allowed unchanged. Only labels
    count, as in HAMi (the MutatingWebhookConfiguration selectors can only see labels): an annotation
    of that name would let any user skip step 3 with forged allocation annotations, so it only earns
@@ -46,6 +47,9 @@ class WebhookSettings:
 
     scheduler_name: str = "hami-scheduler"
     takeover_schedulers: frozenset[str] = frozenset({DEFAULT_SCHEDULER, ""})
+    allocation_writers: frozenset[str] = frozenset()
+    """Usernames (``userInfo.username``, ``system:serviceaccount:<ns>:<name>``) that may change a pod's
+    allocation annotations after CREATE: the scheduler's and the device plugin's service accounts."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,12 @@ class _Slot:
     @property
     def label(self) -> str:
         return f"container {self.container.get('name', '?')} ({self.path})"
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return ann if isinstance(ann, Mapping) else {}
 
 
 def _containers(spec: dict[str, Any]) -> list[_Slot]:
@@ -144,6 +154,8 @@ class Mutator:
                 code=400,
                 reason="BadRequest",
             )
+        if request.operation == "UPDATE" and not request.sub_resource:
+            return self.review_update(request)
         if request.operation != "CREATE" or request.sub_resource:
             return allow()
         if request.object is None:
@@ -154,6 +166,36 @@ class Mutator:
             return self.mutate_pod(request.object, namespace=request.namespace)
         except InvalidRequest as exc:
             return deny(str(exc), code=400, reason="BadRequest")
+
+    def review_update(self, request: AdmissionRequest) -> Decision:
+        """An UPDATE (PUT or PATCH) of a pod: refused when it adds, changes or removes an allocation
+        annotation and the requester is not one of `WebhookSettings.allocation_writers`.
+
+        Why: the scheduler counts a card's usage from these annotations and the device plugin serves
+        the limits they name, so a pod owner who rewrote its running pod's
+        ``hami.io/vgpu-devices-allocated`` down to 1 MiB would free the card for others, and one who
+        rewrote ``hami.io/vgpu-devices-to-allocate`` between Bind and Allocate would serve itself a
+        whole card. Nothing else of the update is looked at, and nothing is patched (most pod fields are
+        immutable on UPDATE; a patch would get the request rejected).
+        """
+        new, old = request.object, request.old_object
+        if new is None or old is None:
+            return deny(
+                "request.object and request.oldObject are required for an UPDATE review",
+                code=400,
+                reason="BadRequest",
+            )
+        before = _annotations(old)
+        after = _annotations(new)
+        changed = [k for k in self._protected if before.get(k) != after.get(k)]
+        if not changed or request.username in self.settings.allocation_writers:
+            return allow()
+        who = request.username or "an unauthenticated user"
+        return deny(
+            f"{who} may not change {', '.join(changed)} on pod {request.namespace}/{request.name}: "
+            "allocation annotations are written by the HAMi scheduler and device plugin only "
+            f"({', '.join(sorted(self.settings.allocation_writers)) or 'no writer configured'})"
+        )
 
     def mutate_pod(self, pod: dict[str, Any], *, namespace: str = "") -> Decision:
         """The decision for a pod being created in `namespace` (the pod's own namespace if empty).

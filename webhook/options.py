@@ -30,6 +30,10 @@ class WebhookOptions:
     takeover_schedulers: str = DEFAULT_SCHEDULER
     """``--takeover-schedulers``: comma list of ``schedulerName`` values replaced by ours (an absent
     name always is); default ``default-scheduler``."""
+    allocation_writers: str = ""
+    """``--allocation-writers``: comma list of usernames (``system:serviceaccount:<ns>:<name>``) that may
+    change a pod's allocation annotations after CREATE: the scheduler's and the device plugin's
+    service accounts (the chart passes both). Anyone else's UPDATE that changes one is denied."""
     kubeconfig: str | None = None
     """``--kubeconfig``: watch quotas and namespaces with this kubeconfig; None = no API access."""
     in_cluster: bool = False
@@ -38,6 +42,11 @@ class WebhookOptions:
     """``--log-level``: DEBUG, INFO, WARNING or ERROR."""
     device_config: DeviceConfig = field(default_factory=DeviceConfig, compare=False, repr=False)
     """The parsed `config` file (read once by the CLI)."""
+
+    @property
+    def writers(self) -> frozenset[str]:
+        """`allocation_writers` as a set."""
+        return frozenset(s.strip() for s in self.allocation_writers.split(",") if s.strip())
 
     @property
     def takeover(self) -> frozenset[str]:

@@ -34,8 +34,9 @@ class ReviewError(InvalidRequest):
 class AdmissionRequest:
     """The parts of `AdmissionReview.request` the webhook uses (k8s-protocols §4.2).
 
-    `object` is the pod as sent (a dict in the API's JSON form), None for DELETE; `kind` is the
-    request's group/version/kind dict; `name` is empty on CREATE with `generateName`.
+    `object` is the pod as sent (a dict in the API's JSON form), None for DELETE; `old_object` the pod
+    before an UPDATE; `kind` is the request's group/version/kind dict; `name` is empty on CREATE with
+    `generateName`; `username`/`groups` are ``userInfo``'s (who asks, as the API server authenticated it).
     """
 
     api_version: str
@@ -48,6 +49,9 @@ class AdmissionRequest:
     name: str
     object: dict[str, Any] | None
     dry_run: bool
+    old_object: dict[str, Any] | None = None
+    username: str = ""
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,13 @@ def decode_review(body: bytes | str) -> AdmissionRequest:
     obj = request.get("object")
     if obj is not None and not isinstance(obj, dict):
         raise ReviewError(f"request.object must be an object, got {type(obj).__name__}")
+    old = request.get("oldObject")
+    if old is not None and not isinstance(old, dict):
+        raise ReviewError(f"request.oldObject must be an object, got {type(old).__name__}")
+    user = _field(request, "userInfo", dict, "request", default={})
+    groups = user.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ReviewError("request.userInfo.groups must be a list of strings")
     return AdmissionRequest(
         api_version=version,
         uid=uid,
@@ -143,6 +154,9 @@ def decode_review(body: bytes | str) -> AdmissionRequest:
         name=_field(request, "name", str, "request", default=""),
         object=obj,
         dry_run=bool(_field(request, "dryRun", bool, "request", default=False)),
+        old_object=old,
+        username=_field(user, "username", str, "request.userInfo", default=""),
+        groups=tuple(groups),
     )
 
 

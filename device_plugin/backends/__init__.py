@@ -23,13 +23,20 @@ _TABLE: dict[str, str] = {
 BACKENDS = tuple(_TABLE)
 
 
-def make_backend(name: str, *, fake_config: str | None = None, preconfigured_memory_mib: int = 0) -> Backend:
+def make_backend(
+    name: str, *, fake_config: str | None = None, preconfigured_memory_mib: int = 0, **mig: object
+) -> Backend:
     """Build backend `name` (one of `BACKENDS`). Raises ConfigError for an unknown name, or what the
-    backend's ``build`` raises for options it needs (``--fake-config`` for ``fake``)."""
+    backend's ``build`` raises for options it needs (``--fake-config`` for ``fake``). `mig` takes the
+    MIG fields of `BackendOptions` (operating_mode, mig_strategy, mig_allowlist)."""
     module = _TABLE.get(name)
     if module is None:
         raise ConfigError(f"--backend: {name!r} is not a backend; valid: {', '.join(BACKENDS)}")
-    options = BackendOptions(fake_config=fake_config, preconfigured_memory_mib=preconfigured_memory_mib)
+    options = BackendOptions(
+        fake_config=fake_config,
+        preconfigured_memory_mib=preconfigured_memory_mib,
+        **mig,  # type: ignore[arg-type]
+    )
     return importlib.import_module(module).build(options)
 
 

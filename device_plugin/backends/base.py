@@ -25,6 +25,12 @@ class BackendOptions:
     """``--fake-config``: the CARDS.yaml of the fake backend (required by it)."""
     preconfigured_memory_mib: int = 0
     """``nvidia.preConfiguredDeviceMemory`` of the device config, MiB; 0 = the memory NVML reports."""
+    operating_mode: str = "hami-core"
+    """The node's ``operatingmode`` (`hami-core`, `mig`, `mps`)."""
+    mig_strategy: str = "none"
+    """The node's ``migstrategy`` (`none`, `single`, `mixed`): MIG instances an administrator made."""
+    mig_allowlist: tuple = ()
+    """``nvidia.migProfileAllowlist``: the MIG profiles cards may offer in `mig` mode."""
 
 
 class Backend(Protocol):

@@ -3,7 +3,11 @@
 Discovery follows HAMi's plugin (hami-legacy-spec §3.2): UUID, index, total memory in MiB (scaling is
 applied later by the registration writer), the NVML name with HAMi's ``NVIDIA-`` type rule, and the
 NUMA node (NVML first, then sysfs ``/sys/bus/pci/devices/<bus id>/numa_node``). Cards with MIG mode on
-are skipped: hami-core shares whole cards only. Health follows the NVIDIA device plugin's ``rm/health.go``
+depend on the node's mode: in ``mig`` mode they are the cards served, each with the MIG profiles the
+allow-list permits for its model (NVML's memory, SMs and placements; the others are skipped, as cards
+whose MIG mode is off: this plugin never changes MIG mode); in ``hami-core`` / ``mps`` mode they are
+skipped with ``migStrategy: none``, and with ``single`` / ``mixed`` every MIG instance an administrator
+made is a card of its own (static MIG). Health follows the NVIDIA device plugin's ``rm/health.go``
 (§3.6): critical XID events mark a card unhealthy, a small set of application-caused XIDs is ignored,
 ``DP_DISABLE_HEALTHCHECKS`` / ``DP_ENABLE_HEALTHCHECKS`` adjust the list, and an NVML wait error marks
 every card unhealthy. There is no recovery path, as upstream: a card with a critical XID needs a reset.
@@ -19,13 +23,17 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from device_plugin.backends.base import BackendOptions, HealthReport
 from device_plugin.devices import Card, nvidia_type
+from device_plugin.mig.nvml import MigNvml, ProfileInfo
 from hami.errors import ConfigError
+from hami.model import MIG_MODE, MigProfile
+from hami.vendors import nvidia_mig
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,9 @@ class NvidiaBackend:
         preconfigured_memory_mib: int = 0,
         env: Mapping[str, str] | None = None,
         sysfs: Path = SYSFS_PCI,
+        operating_mode: str = "hami-core",
+        mig_strategy: str = "none",
+        mig_allowlist: tuple[nvidia_mig.MigProfileAllowlist, ...] = (),
     ) -> None:
         if nvml is None:
             import pynvml as nvml  # noqa: PLC0415 - only the nvidia backend needs the library
@@ -94,6 +105,12 @@ class NvidiaBackend:
         self.preconfigured_memory_mib = preconfigured_memory_mib
         self.checks_enabled, self.ignored_xids = xid_policy(os.environ if env is None else env)
         self.sysfs = sysfs
+        self.operating_mode = operating_mode
+        self.mig_strategy = mig_strategy
+        self.mig_allowlist = mig_allowlist
+        self.mig = MigNvml(nvml)
+        #: In `mig` mode: per served card UUID, every GPU-instance profile NVML reports for it.
+        self.mig_profiles: dict[str, list[ProfileInfo]] = {}
         self._initialised = False
         self._stop = threading.Event()
 
@@ -109,15 +126,33 @@ class NvidiaBackend:
             ) from None
         self._initialised = True
 
+    def handle(self, uuid: str) -> Any:
+        """The NVML handle of card `uuid` (for the MIG manager)."""
+        self._init()
+        return self.nvml.nvmlDeviceGetHandleByUUID(uuid)
+
     def discover(self) -> list[Card]:
         self._init()
         nv = self.nvml
-        cards = []
+        cards: list[Card] = []
+        static: list[Card] = []
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)
             uuid = _text(nv.nvmlDeviceGetUUID(h))
-            if self._mig_enabled(h):
-                log.warning("card %s (index %d) has MIG mode on; hami-core mode skips it", uuid, i)
+            mode = self.mig.mig_mode(h)
+            if self.operating_mode == MIG_MODE:
+                card = self._mig_card(i, h, uuid, mode)
+                if card is not None:
+                    cards.append(card)
+                continue
+            if mode is not None and mode[0]:
+                if self.mig_strategy == "none":
+                    log.warning(
+                        "card %s (index %d) has MIG mode on; skipped (migStrategy none; use operatingmode mig, "
+                        "or migstrategy single/mixed for instances an administrator made)", uuid, i,
+                    )  # fmt: skip
+                else:
+                    static += self._static_mig_cards(h, uuid, numa=self._numa(h))
                 continue
             try:
                 memory = int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024)
@@ -135,14 +170,71 @@ class NvidiaBackend:
                 Card(uuid=uuid, index=i, model=nvidia_type(_text(nv.nvmlDeviceGetName(h))), memory_mib=memory,
                      numa=self._numa(h))
             )  # fmt: skip
-        return cards
+        return self._with_static(cards, static) if static else cards
 
-    def _mig_enabled(self, h: Any) -> bool:
-        try:
-            current, _pending = self.nvml.nvmlDeviceGetMigMode(h)
-        except self.nvml.NVMLError:
-            return False  # NotSupported on cards without MIG
-        return bool(current)
+    def _mig_card(self, i: int, h: Any, uuid: str, mode: tuple[bool, bool] | None) -> Card | None:
+        """A card served in `mig` mode, or None (logged) when it cannot be: no MIG, MIG mode off or
+        changing, or no profile its model is allowed."""
+        nv = self.nvml
+        name = nvidia_type(_text(nv.nvmlDeviceGetName(h)))
+        if mode is None:
+            log.warning("card %s (index %d, %s) has no MIG; operatingmode mig skips it", uuid, i, name)
+            return None
+        if not mode[0] or mode[0] != mode[1]:
+            log.warning(
+                "card %s (index %d): MIG mode is %s (pending %s); operatingmode mig needs it on, and this plugin "
+                "never changes it: drain the card and run `nvidia-smi -i %d -mig 1`", uuid, i,
+                "on" if mode[0] else "off", "on" if mode[1] else "off", i,
+            )  # fmt: skip
+            return None
+        allowed = nvidia_mig.allowed_profiles(name, self.mig_allowlist)
+        if not allowed:
+            log.warning("card %s (%s): nvidia.migProfileAllowlist names no profile for its model", uuid, name)
+            return None
+        offered = self.mig.profiles(h)
+        full = max((p.sms for p in offered), default=0)
+        by_name = {p.name: p for p in offered}
+        profiles = tuple(
+            MigProfile(p.name, p.memory_mb, nvidia_mig.profile_core(p.sms, full), p.slices, p.placements)
+            for p in (by_name.get(n) for n in allowed)
+            if p is not None
+        )
+        missing = [n for n in allowed if n not in by_name]
+        if missing:
+            log.warning("card %s (%s) offers no MIG profile %s; NVML's profiles: %s", uuid, name, missing,
+                        ", ".join(by_name))  # fmt: skip
+        if not profiles:
+            return None
+        self.mig_profiles[uuid] = offered
+        memory = int(nv.nvmlDeviceGetMemoryInfo(h).total) // (1024 * 1024)
+        slots = max(by_name[p.name].instances for p in profiles)
+        return Card(uuid=uuid, index=i, model=name, memory_mib=memory, numa=self._numa(h), mig_profiles=profiles,
+                    slots=slots)  # fmt: skip
+
+    def _static_mig_cards(self, h: Any, parent: str, *, numa: int | None) -> list[Card]:
+        """The MIG instances an administrator made on a card, each a card of its own (static MIG)."""
+        nv = self.nvml
+        out = []
+        for inst in self.mig.instances(h, parent, self.mig.profiles(h)):
+            if not inst.mig_uuid:
+                continue  # a GPU instance without a compute instance is no device
+            mig = nv.nvmlDeviceGetHandleByUUID(inst.mig_uuid)
+            memory = int(nv.nvmlDeviceGetMemoryInfo(mig).total) // (1024 * 1024)
+            model = nvidia_type(_text(nv.nvmlDeviceGetName(mig)))
+            out.append(Card(uuid=inst.mig_uuid, index=0, model=model, memory_mib=memory, numa=numa))
+        return out
+
+    def _with_static(self, whole: list[Card], static: list[Card]) -> list[Card]:
+        """Whole cards and MIG instances, indexed in that order (a MIG instance has no NVML index of its
+        own); `single` wants one kind of device on the node, as the NVIDIA device plugin does."""
+        if self.mig_strategy == "single":
+            kinds = sorted({c.model for c in static})
+            if whole or len(kinds) > 1:
+                raise ConfigError(
+                    f"migstrategy single: every device of the node must be a MIG instance of one profile; found "
+                    f"{len(whole)} whole card(s) and MIG instances {kinds}; use migstrategy mixed"
+                )
+        return [replace(c, index=k) for k, c in enumerate([*whole, *static])]
 
     def _numa(self, h: Any) -> int | None:
         nv = self.nvml
@@ -260,4 +352,9 @@ class NvidiaBackend:
 
 def build(options: BackendOptions) -> NvidiaBackend:
     """The NVML backend for ``--backend nvidia`` (NVML is initialised in `NvidiaBackend.discover`)."""
-    return NvidiaBackend(preconfigured_memory_mib=options.preconfigured_memory_mib)
+    return NvidiaBackend(
+        preconfigured_memory_mib=options.preconfigured_memory_mib,
+        operating_mode=options.operating_mode,
+        mig_strategy=options.mig_strategy,
+        mig_allowlist=options.mig_allowlist,
+    )

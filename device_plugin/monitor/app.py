@@ -81,7 +81,9 @@ class MonitorApp:
     def scan_once(self) -> Snapshot:
         """One scan, rendered and published (the scan thread's body; tests may call it directly)."""
         snap = self.scanner.scan()
-        text = render_snapshot(snap, node=self.options.node_name, legacy=self.options.legacy_metrics)
+        text = render_snapshot(
+            snap, node=self.options.node_name, legacy=self.options.legacy_metrics, pods=self.pods.snapshot()
+        )
         self.snapshot, self._text = snap, text  # one reference swap each: a scrape sees a whole scan
         self.metrics.observe(snap)
         self._scans += 1

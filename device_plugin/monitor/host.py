@@ -33,6 +33,7 @@ class HostGpu:
     memory_used_bytes: int
     utilization_percent: float
     memory_utilization_percent: float
+    memory_total_bytes: int = 0  # the card's memory; 0 = not known
 
 
 class HostBackend(Protocol):
@@ -86,6 +87,7 @@ class NvidiaHost:
                         memory_used_bytes=int(mem.used),
                         utilization_percent=float(util.gpu),
                         memory_utilization_percent=float(util.memory),
+                        memory_total_bytes=int(mem.total),
                     )
                 )
         except Exception as e:  # noqa: BLE001 - an XID'd card must not stop the per-container metrics
@@ -123,7 +125,8 @@ def parse_host_cards(data: Any, *, source: str) -> list[HostGpu]:
                 raise ConfigError(f"{where}.{key}: must be a non-empty string")
         nums: dict[str, float] = {}
         for key, default, top in (
-            ("index", i, None), ("memory_used_mib", 0, None), ("utilization", 0, 100), ("memory_utilization", 0, 100),
+            ("index", i, None), ("memory_mib", 0, None), ("memory_used_mib", 0, None), ("utilization", 0, 100),
+            ("memory_utilization", 0, 100),
         ):  # fmt: skip
             val = raw.get(key, default)
             if isinstance(val, bool) or not isinstance(val, int | float) or val < 0 or (top and val > top):
@@ -138,6 +141,7 @@ def parse_host_cards(data: Any, *, source: str) -> list[HostGpu]:
                 memory_used_bytes=int(nums["memory_used_mib"] * MIB),
                 utilization_percent=float(nums["utilization"]),
                 memory_utilization_percent=float(nums["memory_utilization"]),
+                memory_total_bytes=int(nums["memory_mib"] * MIB),
             )
         )
     return cards

@@ -11,7 +11,9 @@ Names and label sets are HAMi's (its ``cmd/vGPUmonitor``), each with the constan
   ``hami_vgpu_memory_context_bytes`` / ``_module_bytes`` / ``_buffer_bytes`` (the breakdown of used);
 * per card: ``hami_host_gpu_memory_used_bytes``, ``hami_host_gpu_utilization_ratio`` (labels
   `HOST_LABELS`), ``hami_host_gpu_memory_controller_utilization_ratio`` (no ``node`` label, as HAMi);
-* with ``--legacy-metrics`` also HAMi's old names (`LEGACY_*`), without ``zone``.
+* per MIG instance of a container (from the pod's ``hami.io/vgpu-mig-allocations`` once the device
+  plugin recorded it): ``hami_mig_device_info`` = 1 (labels `MIG_LABELS`);
+* with ``--legacy-metrics`` also HAMi's old names (`LEGACY_*`, ``MigInfo``), without ``zone``.
 
 The snapshot families are rendered to exposition text once per scan (`render_snapshot`), on the scan
 thread, so a scrape only concatenates bytes: its cost does not grow with the number of containers.
@@ -20,13 +22,14 @@ The monitor's own counters (`MonitorMetrics`) are live and rendered per scrape.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from device_plugin.monitor.pods import PodRef
 from device_plugin.monitor.regions import REASONS
 from device_plugin.monitor.scanner import DeviceSample, Snapshot
 
@@ -37,6 +40,11 @@ HOST_MEMCTL_LABELS = ("device_index", "device_uuid", "device_type", "zone")
 LEGACY_CONTAINER_LABELS = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")
 LEGACY_MEMORY_DESC_LABELS = (*LEGACY_CONTAINER_LABELS, "context", "module", "data", "offset")
 LEGACY_HOST_LABELS = ("nodeid", "deviceidx", "deviceuuid", "devicetype")
+MIG_LABELS = (
+    "namespace", "pod", "container", "vdevice_index", "device_uuid", "mig_uuid", "profile", "gpu_instance_id",
+    "compute_instance_id", "zone",
+)  # fmt: skip
+LEGACY_MIG_LABELS = (*LEGACY_CONTAINER_LABELS, "instanceid")
 
 # Scans take milliseconds per hundred containers; the top buckets catch a stalled /proc or disk.
 SCAN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -127,8 +135,11 @@ class _Family:
         self.lines.append(f"{self.name}{labels} {_num(value)}")
 
 
-def render_snapshot(snap: Snapshot, *, node: str, legacy: bool = False) -> bytes:
-    """Exposition text (Prometheus text format 0.0.4) of the per-container and per-card families.
+def render_snapshot(
+    snap: Snapshot, *, node: str, legacy: bool = False, pods: Mapping[str, PodRef] | None = None
+) -> bytes:
+    """Exposition text (Prometheus text format 0.0.4) of the per-container and per-card families, and
+    of the MIG instances of `pods` (UID -> `PodRef`).
 
     Written directly rather than through prometheus_client's collectors: with 1000 containers this is
     8000 samples per scan, and building each label string once per device (not once per family) makes
@@ -176,9 +187,22 @@ def render_snapshot(snap: Snapshot, *, node: str, legacy: bool = False) -> bytes
             old_host_mem.add(old_lbl, g.memory_used_bytes)
             old_host_util.add(old_lbl, g.utilization_percent)
 
-    out = [*fams, host_mem, host_util, host_memctl]
+    mig = _Family("hami_mig_device_info", "MIG runtime identity for a container allocation")
+    old_mig = _Family("MigInfo", "Mig device information for container")
+    for ref in sorted((pods or {}).values(), key=lambda r: (r.namespace, r.name)):
+        for m in ref.mig:
+            values = [ref.namespace, ref.name, m.container, str(m.vdevice_index), m.device_uuid]
+            mig.add(
+                _labels(MIG_LABELS, [*values, m.mig_uuid, m.profile, str(m.gpu_instance_id),
+                                     str(m.compute_instance_id), ZONE]),
+                1,
+            )  # fmt: skip
+            if legacy:
+                old_mig.add(_labels(LEGACY_MIG_LABELS, [*values, str(m.gpu_instance_id)]), 1)
+
+    out = [*fams, host_mem, host_util, host_memctl, mig]
     if legacy:
-        out += [*old, mem_desc, old_host_mem, old_host_util]
+        out += [*old, mem_desc, old_host_mem, old_host_util, old_mig]
     return ("\n".join(line for fam in out for line in fam.lines) + "\n").encode()
 
 

@@ -10,19 +10,67 @@ exist?" - only a synced index that does not know the UID says no.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami import annotations as A
+from hami import pods as P
+from hami.errors import AnnotationError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance a container of the pod holds, as the device plugin recorded it."""
+
+    container: str
+    vdevice_index: int
+    device_uuid: str
+    mig_uuid: str
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+
 
 @dataclass(frozen=True)
 class PodRef:
-    """The identity of a pod as the metrics label it."""
+    """The identity of a pod as the metrics label it, and its MIG instances (``hami_mig_device_info``)."""
 
     namespace: str
     name: str
     uid: str
+    mig: tuple[MigDevice, ...] = ()
+
+
+def mig_devices(pod: Mapping[str, Any]) -> tuple[MigDevice, ...]:
+    """The realised entries of the pod's ``hami.io/vgpu-mig-allocations`` (runtime identity recorded),
+    each with its container's name (index = position in init containers, then containers, as HAMi).
+    An unreadable annotation or an index without a container is logged and left out (HAMi too)."""
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(A.MIG_ALLOCATIONS)
+    if not raw:
+        return ()
+    try:
+        allocations = A.decode_mig_allocations(raw)
+    except AnnotationError as e:
+        log.warning("pod %s/%s: %s: %s", meta.get("namespace"), meta.get("name"), A.MIG_ALLOCATIONS, e)
+        return ()
+    names = [c.get("name", "") for _, c in P.entries(pod)]
+    out = []
+    for a in allocations:
+        if not a.realized:
+            continue
+        if a.container_index >= len(names):
+            log.warning("pod %s/%s: MIG allocation of container index %d, which the pod does not have",
+                        meta.get("namespace"), meta.get("name"), a.container_index)  # fmt: skip
+            continue
+        out.append(MigDevice(names[a.container_index], a.device_index, a.gpu_uuid, a.mig_uuid, a.profile,
+                             a.gpu_instance_id or 0, a.compute_instance_id or 0))  # fmt: skip
+    return tuple(out)
 
 
 def pod_ref(pod: Mapping[str, Any]) -> PodRef | None:
@@ -31,7 +79,9 @@ def pod_ref(pod: Mapping[str, Any]) -> PodRef | None:
     uid = meta.get("uid")
     if not uid:
         return None
-    return PodRef(namespace=meta.get("namespace") or "", name=meta.get("name") or "", uid=uid)
+    return PodRef(
+        namespace=meta.get("namespace") or "", name=meta.get("name") or "", uid=uid, mig=mig_devices(pod)
+    )
 
 
 class PodIndex:

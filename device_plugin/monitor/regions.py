@@ -92,8 +92,10 @@ BAD_HEADER = "bad_header"  # libvgpu header sizes disagree with the layout
 SIZE_CHANGED = "size_changed"  # the file changed size while it was read
 IO_ERROR = "io_error"  # open/read failed (permissions, vanished file)
 MULTIPLE_FILES = "multiple_files"  # more than one *.cache file in one directory; the newest is read
+OUT_OF_RANGE = "out_of_range"  # a device's figures exceed its card's memory (or 0-100 %): not exported
 REASONS = (
     TRUNCATED, BAD_MAGIC, UNINITIALIZED, UNKNOWN_VERSION, BAD_HEADER, SIZE_CHANGED, IO_ERROR, MULTIPLE_FILES,
+    OUT_OF_RANGE,
 )  # fmt: skip
 
 

@@ -14,6 +14,13 @@ Errors: a region that cannot be read (see `regions.REASONS`) is skipped with one
 `on_error(reason)` call when the directory enters that state - not again on every scan while it stays
 there, so the counter counts bad files, not scans.
 
+Bounds: a region is written by the container it describes, so its figures are whatever a tenant
+process put there. A device whose used, context, module, buffer or limit bytes exceed its card's
+memory (from the host backend; `MAX_CARD_BYTES` for a card the host does not report) or whose
+utilisation is outside 0-100 % is left out of the snapshot and counted once as ``out_of_range``
+(the container's other devices are still exported). An unlimited limit (libvgpu's all-ones value)
+is no limit, not a violation.
+
 Utilisation of libvgpu containers is the growth of the device's ``busy_ns_total`` between two scans
 over the wall time between them, in percent (0-100, HAMi's ``_ratio`` families carry percent); the
 first scan of a device has no previous sample and exports none.
@@ -32,11 +39,19 @@ from pathlib import Path
 from device_plugin.monitor.host import HostBackend, HostGpu
 from device_plugin.monitor.pods import PodIndex, PodRef
 from device_plugin.monitor.procs import ProcTable
-from device_plugin.monitor.regions import MULTIPLE_FILES, RegionError, RegionReading, read_region
+from device_plugin.monitor.regions import (
+    MULTIPLE_FILES,
+    OUT_OF_RANGE,
+    DeviceReading,
+    RegionError,
+    read_region,
+)
 
 log = logging.getLogger(__name__)
 
 CACHE_SUFFIX = ".cache"
+#: The bound for a card the host backend does not report: 1 TiB, above any card's memory.
+MAX_CARD_BYTES = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -79,6 +94,19 @@ class _DirState:
     error: str | None = None  # reason of the last failed read, None after a good one
     missing_since: float | None = None  # monotonic time the pod was first seen missing
     busy: dict[str, tuple[int, int]] = field(default_factory=dict)  # uuid -> (busy ns, monotonic ns)
+
+
+def out_of_range(d: DeviceReading, card_bytes: int) -> str | None:
+    """Why device `d`'s figures cannot be true on a card of `card_bytes` bytes, or None when they can."""
+    for what, value in (
+        ("used", d.used_bytes), ("context", d.context_bytes), ("module", d.module_bytes),
+        ("buffer", d.buffer_bytes), ("limit", d.limit_bytes),
+    ):  # fmt: skip
+        if value is not None and not 0 <= value <= card_bytes:
+            return f"{what} {value} bytes is outside 0..{card_bytes} (the card's memory)"
+    if d.sm_util_percent is not None and not 0 <= d.sm_util_percent <= 100:
+        return f"utilisation {d.sm_util_percent} % is outside 0..100"
+    return None
 
 
 def parse_dir_name(name: str) -> tuple[str, str] | None:
@@ -138,6 +166,8 @@ class Scanner:
         table = ProcTable(self.proc)
         synced = self.pods.synced  # read before the snapshot: a synced flag always goes with a full map
         pods = self.pods.snapshot()
+        host = tuple(self.host.read()) if self.host is not None else ()
+        capacity = {g.uuid: g.memory_total_bytes for g in host if g.memory_total_bytes > 0}
         samples: list[ContainerSample] = []
         unmatched = 0
         stale: dict[str, list[tuple[str, str]]] = {}  # uid -> its directories
@@ -160,14 +190,13 @@ class Scanner:
                     stale.setdefault(uid, []).append((name, path))
                 continue
             st.missing_since = None
-            sample = self._read_dir(name, path, st, ref, container, table, now)
+            sample = self._read_dir(name, path, st, ref, container, table, now, capacity)
             if sample is not None:
                 samples.append(sample)
         for name in set(self._dirs) - seen:
             del self._dirs[name]
         if stale:
             self._remove(stale)
-        host = tuple(self.host.read()) if self.host is not None else ()
         return Snapshot(
             taken_at=now,
             containers=tuple(samples),
@@ -227,7 +256,15 @@ class Scanner:
             self.on_error(reason)
 
     def _read_dir(
-        self, name: str, path: str, st: _DirState, ref: PodRef, container: str, table: ProcTable, now: float
+        self,
+        name: str,
+        path: str,
+        st: _DirState,
+        ref: PodRef,
+        container: str,
+        table: ProcTable,
+        now: float,
+        capacity: dict[str, int] | None = None,
     ) -> ContainerSample | None:
         cache = self._cache_file(name, path, st)
         if cache is None:
@@ -237,21 +274,32 @@ class Scanner:
         except RegionError as e:
             self._fail(name, st, e.reason, f"{os.path.basename(cache)}: {e}")
             return None
-        if st.error is not None and st.error != MULTIPLE_FILES:
+        kept, problems = [], []
+        for d in reading.devices:
+            problem = out_of_range(d, (capacity or {}).get(d.uuid, MAX_CARD_BYTES))
+            if problem is None:
+                kept.append(d)
+            else:
+                problems.append(f"device {d.index} ({d.uuid}): {problem}")
+        if problems:
+            self._fail(
+                name, st, OUT_OF_RANGE, f"{os.path.basename(cache)}: not exported: {'; '.join(problems)}"
+            )
+        elif st.error is not None and st.error != MULTIPLE_FILES:
             log.info("cache %s/%s readable again (%s)", self.containers_dir, name, reading.layout)
             st.error = None
         return ContainerSample(
             pod=ref,
             container=container,
             layout=reading.layout,
-            devices=self._devices(reading, st, now),
+            devices=self._devices(kept, st, now),
             live_processes=reading.live_processes,
         )
 
-    def _devices(self, reading: RegionReading, st: _DirState, now: float) -> tuple[DeviceSample, ...]:
+    def _devices(self, devices: list[DeviceReading], st: _DirState, now: float) -> tuple[DeviceSample, ...]:
         mono_ns = int(self.monotonic() * 1e9)
         out = []
-        for d in reading.devices:
+        for d in devices:
             util = d.sm_util_percent
             if d.busy_ns_total is not None:
                 util = None

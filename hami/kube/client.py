@@ -102,6 +102,11 @@ class KubeClient:
         self.api_client = api_client
         self.core = k8s.CoreV1Api(api_client)
         self.coordination = k8s.CoordinationV1Api(api_client)
+        self._apis = {
+            "core": self.core,
+            "coordination": self.coordination,
+            "policy": k8s.PolicyV1Api(api_client),
+        }
         self.timeout_s = timeout_s
         self.retries = retries
         self.retry_initial_wait_s = retry_initial_wait_s
@@ -167,7 +172,7 @@ class KubeClient:
     def _method(
         self, res: Res, verb: str, *, all_namespaces: bool = False, sub: str = ""
     ) -> Callable[..., Any]:
-        api = self.core if res.api == "core" else self.coordination
+        api = self._apis[res.api]
         if all_namespaces and res.namespaced:
             name = f"{verb}_{res.singular}_for_all_namespaces"
         elif res.namespaced:
@@ -261,7 +266,7 @@ class KubeClient:
         return headers
 
     def _path(self, res: Res, name: str = "", namespace: str | None = None, sub: str = "") -> str:
-        base = "/api/v1" if res.api == "core" else "/apis/coordination.k8s.io/v1"
+        base = "/api/v1" if res.api == "core" else f"/apis/{res.api_version}"
         if res.namespaced:
             base += f"/namespaces/{quote(namespace or 'default', safe='')}"
         path = f"{base}/{res.plural}"

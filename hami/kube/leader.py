@@ -2,6 +2,15 @@
 
 Why: several extender replicas may run for availability, but only one may reserve capacity and
 write annotations, or two could hand out the same card. The Lease is the API server's arbiter.
+
+Why not the official client's `kubernetes.leaderelection`: its `LeaderElection.run()` campaigns once
+and returns for good when leadership is lost (the extender must campaign again and start a new term),
+it has no way to stop and release the Lease on shutdown (client-go's ``ReleaseOnCancel``, which lets a
+standby take over at once instead of after the lease duration), it calls `sys.exit` on a bad setting,
+it measures expiry on the wall clock (a clock step can make a replica think the Lease expired), and its
+lock talks through the client's global default configuration rather than our `KubeClient` with its one
+retry policy and timeouts. This module keeps client-go's rules (observed-record time on a monotonic
+clock, renew deadline, jittered retries) on our client.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from hami.errors import InvalidRequest
 @dataclass(frozen=True, slots=True)
 class Res:
     """One resource: ``plural`` as in the URL, ``singular`` in snake case as in the client's methods,
-    ``api`` "core" or "coordination"."""
+    ``api`` "core", "coordination" or "policy"."""
 
     plural: str
     singular: str
@@ -37,6 +37,14 @@ RESOURCES: dict[str, Res] = {
         Res("resourcequotas", "resource_quota", True, "core", "ResourceQuota", "v1"),
         Res("namespaces", "namespace", False, "core", "Namespace", "v1"),
         Res("leases", "lease", True, "coordination", "Lease", "coordination.k8s.io/v1"),
+        Res(
+            "poddisruptionbudgets",
+            "pod_disruption_budget",
+            True,
+            "policy",
+            "PodDisruptionBudget",
+            "policy/v1",
+        ),
     )
 }
 

@@ -25,6 +25,7 @@ from hami.simulate import kubeyaml, openb
 from hami.simulate.engine import Mode, Policy, RunResult, parse_policy, run
 from hami.simulate.generate import DEFAULT_NODES, DEFAULT_PODS, generate_nodes, generate_pods
 from hami.simulate.mixed import VENDOR_NAMES, config_for, generate_mixed, parse_vendor_shares
+from hami.simulate.priority import PendingQueue, PriorityReport, assign, check_mode
 from hami.simulate.restate import parse_variant, restate
 from hami.simulate.start import Placed, begin, split
 from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, Workload, parse_gpu_models
@@ -110,6 +111,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     run_g.add_argument(
         "--seed", type=int, default=0, help="fill-mode sampling and generator seed (default 0)"
+    )
+    run_g.add_argument(
+        "--priorities",
+        metavar="SPEC",
+        help="trace mode: pod priorities from the openb qos column (qos, or qos:LS=1000,BE=0) or a drawn "
+        "share of high-priority GPU pods (mix:20); default: each pod's spec.priority. Pods that do not "
+        "fit wait and are retried when pods leave",
+    )
+    run_g.add_argument(
+        "--preemption",
+        choices=["on", "off"],
+        help="trace mode: on = a pod that does not fit at its arrival evicts lower-priority pods chosen "
+        "by the extender's preempt verb; off = it waits (default off when --priorities is given)",
     )
     pol = p.add_argument_group("policies")
     pol.add_argument(
@@ -507,8 +521,15 @@ def run_simulate(
     if args.progress and args.no_progress:
         raise InvalidRequest("--progress: not together with --no-progress")
     show_progress = not args.no_progress and stderr.isatty()
+    priorities = getattr(args, "priorities", None)
+    preemption = getattr(args, "preemption", None)
+    queued = check_mode(priorities, preemption, trace=mode is Mode.TRACE)
+    if queued:
+        workload = assign(workload, priorities, pods_file=args.pods, seed=args.seed)
+    reports: dict[str, PriorityReport] = {}
     results: list[RunResult] = []
     for policy in policies:
+        queue = PendingQueue(preemption=preemption == "on") if queued else None
         bar: ProgressBar | ProgressLines | None = None
         if args.progress:
             bar = ProgressLines(stderr, policy.label)
@@ -527,12 +548,17 @@ def run_simulate(
                     annotations=args.annotations is not None,
                     progress=bar,
                     placed=kept_pods,
+                    queue=queue,
                 )
             )
         finally:
             if bar is not None:
                 bar.close()
+        if queue is not None:
+            reports[policy.label] = queue.report
     payload = results_json(results, workload, compare=compare)
+    for label, report in reports.items():
+        (payload[label] if compare else payload)["priorities"] = report.json()
     # The start state is the same for every policy; said only where the input can hold placed pods.
     say_start = bool(placed.source) or from_empty
     if say_start:
@@ -559,6 +585,8 @@ def run_simulate(
         stdout.write("\n")
     else:
         text = summary_text(results, workload)
+        for label, report in reports.items():
+            text += "\n" + "\n".join(report.text(label))
         if say_start:
             lines = text.split("\n")
             at = next((i + 1 for i, line in enumerate(lines) if line.startswith("workload:")), 0)

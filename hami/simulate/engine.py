@@ -24,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -196,6 +197,8 @@ class _Replay:
         closed = frozenset(self.res.names_of(~self.res.open))  # cordoned: no new pod reaches them
         self.meter = FragmentationMeter(self.state, closed)
         self.best_nodes: tuple[Checkpoint, dict[str, tuple[float, float]]] | None = None
+        #: With priorities (`hami.simulate.priority.PendingQueue`): pods that do not fit wait, may preempt.
+        self.queue: Any = None
         if placed:
             # The cluster as it is, before any arrival: which of its nodes are fragmented now.
             result.start_fragmentation = self.meter.measure()
@@ -277,7 +280,7 @@ class _Replay:
 
     def submit(self, pod: SimPod, uid: str, name: str) -> None:
         """One pod arrives: kube-scheduler's fit, then (GPU pods) the extender's filter and reservation."""
-        r, res = self.result, self.res
+        r = self.result
         r.pods += 1
         if pod.is_gpu:
             r.gpu_pods += 1
@@ -285,6 +288,11 @@ class _Replay:
         if pod.unplaceable is not None:
             self.fail(pod, name, pod.unplaceable, pod.unplaceable.split(" (")[0].split(" in ")[0])
             return
+        self.place(pod, uid, name)
+
+    def place(self, pod: SimPod, uid: str, name: str) -> None:
+        """kube-scheduler's fit and the extender's filter for an arrived pod (again for a waiting one)."""
+        r, res = self.result, self.res
         selector = (pod.obj.get("spec") or {}).get("nodeSelector")
         fitting = res.fitting(pod.cpu_milli, pod.memory_mib, selector)
         if not fitting.any():
@@ -292,7 +300,7 @@ class _Replay:
             category = "Insufficient cpu/memory"
             if "node affinity/selector" in text and "Insufficient" not in text:
                 category = "node affinity/selector"
-            self.fail(pod, name, text, category)
+            self.unplaced(pod, uid, name, text, category)
             return
         if pod.gpu_demand <= 0:
             # Asks no managed device: the extender is not involved, kube-scheduler scores alone.
@@ -306,6 +314,8 @@ class _Replay:
                 {**pod.obj, "metadata": meta, "spec": {**pod.obj["spec"], "nodeName": res.names[i]}}
             )
             r.scheduled += 1
+            if self.queue is not None:
+                self.queue.placed(self, pod, uid, name)
             if r.placements is not None:
                 cname = pod.obj["spec"]["containers"][0].get("name", "")
                 r.placements.append(Placement(name, cname, res.names[i], "", "", None, None))
@@ -335,7 +345,7 @@ class _Replay:
                     text, category = summarise_failure(out.failed_nodes)
                 else:
                     text, category = summarise_reasons(reasons)
-                self.fail(pod, name, text, category)
+                self.unplaced(pod, uid, name, text, category)
             return
         i = res.index[out.node]
         res.take(i, pod.cpu_milli, pod.memory_mib)
@@ -343,6 +353,8 @@ class _Replay:
         self.usage.apply(held, +1)
         self.where[uid] = (i, pod, held)
         r.scheduled += 1
+        if self.queue is not None:
+            self.queue.placed(self, pod, uid, name)
         if r.annotations is not None:
             r.annotations.append((name, out.annotations))
         if r.placements is not None:
@@ -361,6 +373,11 @@ class _Replay:
                                 cd.usedcores,
                             )
                         )
+
+    def unplaced(self, pod: SimPod, uid: str, name: str, reason: str, category: str) -> None:
+        """No room now: the pod fails, or waits (and may preempt) when priorities are replayed."""
+        if self.queue is None or not self.queue.wait(self, pod, uid, name, reason, category):
+            self.fail(pod, name, reason, category)
 
     def filter(
         self, pod: SimPod, obj: dict, fitting: np.ndarray
@@ -476,15 +493,25 @@ class _Replay:
 
     def delete(self, uid: str) -> None:
         """A pod is deleted: free its CPU/memory and, through the core's pod-removal path, its cards."""
+        if not self.remove(uid):
+            if self.queue is not None:
+                self.queue.gone(self, uid)  # deleted while still waiting
+            return
+        self.result.deleted += 1
+        if self.queue is not None:
+            self.queue.freed(self, uid)
+
+    def remove(self, uid: str) -> bool:
+        """Take a placed pod off its node (deletion or eviction); False when it is not placed."""
         placed = self.where.pop(uid, None)
         if placed is None:
-            return
+            return False
         i, pod, held = placed
         self.res.take(i, pod.cpu_milli, pod.memory_mib, sign=-1)
         self.usage.apply(held, -1)
         self.state.remove_pod(uid)
         self.refresh(i)
-        self.result.deleted += 1
+        return True
 
 
 def run(
@@ -502,6 +529,7 @@ def run(
     placed: Sequence[tuple[str, SimPod]] = (),
     max_pods: int | None = None,
     stop_at_failure: bool = False,
+    queue: Any = None,
 ) -> RunResult:
     """Replay `workload` under `policy` and return the figures (and the placements and the extender's
     annotations per scheduled GPU pod, when asked; `hami.io/vgpu-time` is the trace time in trace mode
@@ -514,6 +542,8 @@ def run(
     `placed` (node name, pod) are on their nodes before the first arrival (`_Replay.keep`); arrivals
     count only the pods submitted. Fill mode also stops after `max_pods` submissions, and with
     `stop_at_failure` after the first pod that does not fit (the what-if of `hami.simulate.whatif`).
+    `queue` (trace mode, `hami.simulate.priority.PendingQueue`): pods that do not fit wait for room,
+    in priority order, and may preempt lower-priority pods; its report holds the waits and evictions.
     Raises InvalidRequest when the input cannot be replayed in `mode`: no GPU in the cluster; fill mode
     without a GPU pod; trace mode with pods that have no creation time.
     """
@@ -546,6 +576,7 @@ def run(
                 f"(first: {missing[0]}); use --mode fill for pod lists without times"
             )
     replay = _Replay(workload, cfg, result, curve_step if mode is Mode.FILL else float("inf"), placed)
+    replay.queue = queue
     # The workload and the state built so far live through the run: out of the collector's sight, a
     # full collection (which a replay of many pods sets off now and then) walks only what the replay
     # adds. Only when no caller froze objects itself, so unfreezing at the end gives back just these.
@@ -624,6 +655,8 @@ def run(
                 result.curve.append(replay.point(round(replay.arrived_pct, 3)))
             if progress is not None and done % 32 == 0:
                 progress(done / total)
+    if queue is not None:
+        queue.finish(replay)  # pods still waiting at the end are the run's failures
     result.elapsed_s = time.perf_counter() - started
     if froze:
         gc.unfreeze()

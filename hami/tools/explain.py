@@ -6,7 +6,8 @@ them), so every reason is the one the extender answers; the nodes are grouped by
 groups add up to every node listed. What would change the answer is found by trying, with the same
 filter: the largest memory / cores / card count that fits now, the selection annotations that exclude
 every card, and the fewest running pods of one node that would have to end. Each suggestion carries the
-exact change, so it can be applied and checked.
+exact change, so it can be applied and checked. For a pod that outranks running pods, the pods the
+extender's preempt verb would name on each node, and the node kube-scheduler would evict on.
 
 The snapshot's state is the tool's own copy: every trial reservation is released and every pod taken
 out for a trial is put back before the next one. Nothing is written to the API server.
@@ -28,11 +29,13 @@ from hami.fit import Reason
 from hami.model import PERCENTAGE_UNSET
 from hami.nodelock import lock_age_s, read_node_lock
 from hami.pods import ContainerSpec
+from hami.preemption import pick_node, pod_priority
 from hami.quota import containers_demand
 from hami.reasons import parse_reason_text, sentence
 from hami.scoring import choose_policies, node_score, policy_errors
 from hami.tools.render import age
 from hami.tools.snapshot import Snapshot, unschedulable
+from hami.vendors.nvidia_mig import mig_text
 
 CORDONED = "node cordoned (spec.unschedulable): kube-scheduler sends it to no extender"
 #: Nodes tried when looking for the fewest pods that would have to end (best free memory first).
@@ -67,6 +70,18 @@ class Suggestion:
 
 
 @dataclass(slots=True)
+class PreemptionOption:
+    """Where evicting lower-priority pods would make room: `victims` (namespace/name, most important
+    first) on `node`, `pdb_violations` (budgets are not read by the tools: 0), `chosen` for the node
+    kube-scheduler would pick among these (`hami.preemption.pick_node`)."""
+
+    node: str
+    victims: list[str]
+    pdb_violations: int = 0
+    chosen: bool = False
+
+
+@dataclass(slots=True)
 class RunnerUp:
     node: str
     score: float  # node utilisation score before the pod (0..30, hami.scoring.node_score)
@@ -94,6 +109,9 @@ class Explanation:
     cards: dict[str, list[str]] = field(default_factory=dict)  # container -> ["uuid 8000 MiB 10 %"]
     runners_up: list[RunnerUp] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    priority: int = 0  # spec.priority
+    preemption: list[PreemptionOption] = field(default_factory=list)  # pending pods: who would be evicted
+    preemption_note: str = ""  # why there is nothing to preempt, when the pod outranks some pod
 
 
 def describe_request(c: ContainerSpec) -> str:
@@ -343,6 +361,23 @@ def _pods_to_end(
     return Suggestion("end-pods", f"on {n}, if {', '.join(refs)} ended ({mem} MiB)", n, end_pods=refs)
 
 
+def _preemption(snapshot: Snapshot, pod: Mapping[str, Any], names: Sequence[str], ex: Explanation) -> None:
+    """Per node, the lower-priority pods the extender's preempt verb would name for `pod`
+    (`ClusterState.plan_preemption`), and the node kube-scheduler would pick among them."""
+    if (objects.spec(pod).get("preemptionPolicy") or "") == "Never":
+        ex.preemption_note = "preemptionPolicy Never: the pod waits and evicts nobody"
+        return
+    plans = snapshot.state.plan_preemption(pod, dict.fromkeys(names))
+    best = pick_node(plans)
+    for node in sorted(plans, key=lambda n: (best is None or n != best.node, n)):
+        plan = plans[node]
+        refs = [f"{v.namespace}/{v.name}" for v in plan.victims]
+        chosen = best is not None and node == best.node
+        ex.preemption.append(PreemptionOption(node, refs, plan.pdb_violations, chosen))
+    if not plans and any(r.priority < ex.priority for n in names for r in snapshot.state.residents(n)):
+        ex.preemption_note = "evicting the pods of lower priority frees no card the pod fits on, on any node"
+
+
 def _annotation_mistakes(snapshot: Snapshot, pod: Mapping[str, Any]) -> list[str]:
     """Resource names written as pod annotations: the scheduler reads only `resources.limits`, so such a pod
     silently asks for the defaults (for memory: a whole card)."""
@@ -372,16 +407,16 @@ def _cards_of(snapshot: Snapshot, pod: Mapping[str, Any]) -> dict[str, list[str]
     annos = objects.annotations(pod)
     out: dict[str, list[str]] = {}
     for v in snapshot.state.vendors.values():
-        raw = annos.get(v.allocated_key)
-        if not raw:
-            continue
         try:
-            lists = A.decode_pod_devices(raw)
+            lists = v.pod_devices(annos, len(names))
         except AnnotationError:
             continue
-        for i, cds in enumerate(A.align_pod_devices(lists, len(names))):
+        for i, cds in enumerate(lists or ()):
             if cds and i < len(names):
-                out.setdefault(names[i], []).extend(f"{d.uuid} {d.usedmem} MiB {d.usedcores} %" for d in cds)
+                out.setdefault(names[i], []).extend(
+                    f"{d.uuid} {d.usedmem} MiB {d.usedcores} %" + (f" ({mig_text(d.mig)})" if d.mig else "")
+                    for d in cds
+                )
     return out
 
 
@@ -495,6 +530,8 @@ def explain_pod(snapshot: Snapshot, namespace: str, name: str) -> Explanation:
     if Reason.RESOURCE_QUOTA_NOT_FIT in counts_all or state.quota.has_limits(namespace):
         ex.quota = [(res, used, limit) for ns, res, used, limit in state.quota_stats() if ns == namespace]
     ex.warnings += _locks(snapshot, sent)
+    ex.priority = pod_priority(pod)
+    _preemption(snapshot, pod, sent, ex)
     ex.suggestions = _smaller_requests(snapshot, pod, containers, sent, counts_all)
     if Reason.CARD_TYPE_MISMATCH in counts_all or Reason.CARD_UUID_MISMATCH in counts_all:
         ex.suggestions += _without_selection(snapshot, pod, containers, sent)

@@ -20,9 +20,10 @@ from hami import objects, pods
 from hami.cluster import CardStat
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import check_card
-from hami.model import ContainerRequest, Device, DeviceUsage, Selection
+from hami.model import MIG_MODE, ContainerRequest, Device, DeviceUsage, Selection
 from hami.nodelock import lock_age_s, read_node_lock
 from hami.tools.snapshot import Snapshot, pending_device_pods, unschedulable
+from hami.vendors.nvidia_mig import free_placement, mig_text
 
 
 def percent(part: int, whole: int) -> float:
@@ -45,6 +46,7 @@ class ContainerOnCard:
     cores: int
     used: int | None = None
     utilization: float | None = None
+    mig: str | None = None  # the container's MIG instance on the card ("MIG 2g.10gb at slices 0-1")
 
     @property
     def idle(self) -> bool | None:
@@ -70,6 +72,9 @@ class CardReport:
     cores_allocated: int
     cores: int
     containers: list[ContainerOnCard] = field(default_factory=list)
+    mode: str = "hami-core"
+    #: MIG mode: the profiles the card offers that still have a free placement (a new instance fits).
+    mig_free: list[str] = field(default_factory=list)
 
     @property
     def memory_percent(self) -> float:
@@ -174,13 +179,12 @@ def _containers_on_cards(snapshot: Snapshot) -> dict[str, list[ContainerOnCard]]
         names = pods.container_names(p)
         kinds = pods.container_kinds(p)
         for vendor in snapshot.state.vendors.values():
-            raw = annos.get(vendor.allocated_key)
-            if not raw:
-                continue
             try:
-                lists = A.align_pod_devices(A.decode_pod_devices(raw), len(kinds))
+                lists = vendor.pod_devices(annos, len(kinds))
             except AnnotationError:
                 continue  # the state did not count it either
+            if lists is None:
+                continue
             if pods.init_done(p):
                 lists = pods.without_finished_init({vendor.common_word: lists}, kinds)[vendor.common_word]
             for i, cds in enumerate(lists):
@@ -188,7 +192,7 @@ def _containers_on_cards(snapshot: Snapshot) -> dict[str, list[ContainerOnCard]]
                 for cd in cds:
                     out[cd.uuid].append(
                         ContainerOnCard(ns, name, container, cd.usedmem, percent(cd.usedmem, card_mem.get(cd.uuid, 0)),
-                                        cd.usedcores)
+                                        cd.usedcores, mig=mig_text(cd.mig) if cd.mig else None)
                     )  # fmt: skip
     for lst in out.values():
         lst.sort(key=lambda c: (c.namespace, c.pod, c.container))
@@ -225,6 +229,8 @@ def node_report(
                     s.usedcores if s else 0,
                     d.devcore,
                     on_cards.get(d.uuid, []),
+                    d.mode,
+                    mig_free(d, s),
                 )  # fmt: skip
             )
     lock = lock_problem = None
@@ -253,6 +259,14 @@ def node_report(
     )
 
 
+def mig_free(card: Device, stat: CardStat | None) -> list[str]:
+    """A MIG card's profiles that have a free placement now (none when its occupancy is unknown)."""
+    if card.mode != MIG_MODE or (stat is not None and stat.mig_unknown):
+        return []
+    taken = stat.mig if stat is not None else ()
+    return [p.name for p in card.mig_profiles if free_placement(p, taken) is not None]
+
+
 def _pending_requests(snapshot: Snapshot) -> list[tuple[ContainerRequest, Selection]]:
     """Every distinct (request, selection) of the pending device pods."""
     seen: dict[tuple[ContainerRequest, Selection], None] = {}
@@ -277,9 +291,9 @@ def fragmented(card: Device, usage: DeviceUsage, cordoned: frozenset[str], wante
         if req.vendor != card.vendor:
             continue
         vendor = snapshot.state.vendors[req.vendor]
-        reason = check_card(card, usage, req, req.memory_on(card), sel, vendor, mutex=False, cordoned=cordoned,
-                            quota_ok=None)  # fmt: skip
-        if reason is None:
+        mem = req.memory_on(card)
+        reason = check_card(card, usage, req, mem, sel, vendor, mutex=False, cordoned=cordoned, quota_ok=None)
+        if reason is None and vendor.card_rule(card, usage, req, mem, sel, ()) is None:
             return False
     return True
 
@@ -287,6 +301,8 @@ def fragmented(card: Device, usage: DeviceUsage, cordoned: frozenset[str], wante
 def model_footer(snapshot: Snapshot, reports: Iterable[NodeReport]) -> tuple[list[ModelReport], int]:
     """Per (vendor, model): cards, allocated memory, free and fragmented cards; and the pending count."""
     wanted = _pending_requests(snapshot)
+    devices = {d.uuid: d for byv in snapshot.devices.values() for ds in byv.values() for d in ds}
+    stats = {(s.node, s.uuid): s for s in snapshot.state.card_stats()}
     rows: dict[tuple[str, str], ModelReport] = {}
     for nr in reports:
         cordoned = frozenset(c.uuid for c in nr.cards if c.cordoned)
@@ -297,10 +313,12 @@ def model_footer(snapshot: Snapshot, reports: Iterable[NodeReport]) -> tuple[lis
             m.memory_allocated += c.memory_allocated
             if c.usable and nr.problem is None and not nr.cordoned and c.slots_used == 0:
                 m.free += 1
-            dev = Device(
+            dev = devices.get(c.uuid) or Device(
                 c.uuid, c.index, c.slots, c.memory, c.cores, c.model, c.numa, health=c.health, vendor=c.vendor
             )
-            use = DeviceUsage(c.slots_used, c.memory_allocated, c.cores_allocated)
+            s = stats.get((nr.name, c.uuid))
+            use = DeviceUsage(c.slots_used, c.memory_allocated, c.cores_allocated, s.mig if s else (),
+                              s.mig_unknown if s else 0)  # fmt: skip
             if c.slots_used and nr.problem is None and fragmented(dev, use, cordoned, wanted, snapshot):
                 m.fragmented += 1
     return [rows[k] for k in sorted(rows)], sum(1 for _ in pending_device_pods(snapshot))

@@ -109,6 +109,7 @@ def container_dict(c: ContainerOnCard) -> dict[str, Any]:
         "usedMiB": c.used,
         "utilization": c.utilization,
         "idle": c.idle,
+        "mig": c.mig,
     }
 
 
@@ -125,6 +126,8 @@ def card_dict(c: CardReport) -> dict[str, Any]:
         "memory": _amounts(c.memory_allocated, c.memory, unit="MiB"),
         "cores": _amounts(c.cores_allocated, c.cores),
         "containers": [container_dict(x) for x in c.containers],
+        "mode": c.mode,
+        "migFreeProfiles": c.mig_free if c.mode == "mig" else None,
     }
 
 
@@ -210,8 +213,13 @@ def node_state(n: NodeReport, style: Style) -> str:
 
 def _card_state(c: CardReport, style: Style) -> str:
     if not c.health:
-        return style.bad("unhealthy")
-    return style.warn("cordoned") if c.cordoned else style.good("ok")
+        state = style.bad("unhealthy")
+    else:
+        state = style.warn("cordoned") if c.cordoned else style.good("ok")
+    if c.mode == "mig":
+        # What a new MIG instance could still be: the profiles with a free placement.
+        state += f" mig (free: {','.join(c.mig_free) or 'none'})"
+    return state
 
 
 def card_lines(n: NodeReport, style: Style, *, usage: bool) -> list[str]:
@@ -227,7 +235,8 @@ def card_lines(n: NodeReport, style: Style, *, usage: bool) -> list[str]:
         if not c.containers:
             rows.append(card + ["-", "", "", ""] + (["", "", ""] if usage else []))
         for i, x in enumerate(c.containers):
-            row = (card if i == 0 else blank) + [f"{x.namespace}/{x.pod}", x.container, str(x.memory),
+            mem = f"{x.memory} ({x.mig.removeprefix('MIG ')})" if x.mig else str(x.memory)
+            row = (card if i == 0 else blank) + [f"{x.namespace}/{x.pod}", x.container, mem,
                                                  f"{x.memory_percent:g}"]  # fmt: skip
             if usage:
                 idle = x.idle
@@ -312,6 +321,14 @@ def explain_dict(ex: Any) -> dict[str, Any]:
         "cards": ex.cards,
         "runnersUp": [{"node": r.node, "score": r.score, "fits": r.fits} for r in ex.runners_up],
         "warnings": ex.warnings,
+        "priority": ex.priority,
+        "preemption": {
+            "options": [
+                {"node": o.node, "victims": o.victims, "pdbViolations": o.pdb_violations, "chosen": o.chosen}
+                for o in ex.preemption
+            ],
+            "note": ex.preemption_note,
+        },
     }
 
 
@@ -356,6 +373,15 @@ def render_explain(ex: Any, fmt: str, *, style: Style) -> str:
         out.append("")
         for res, used, lim in ex.quota:
             out.append(f"quota: namespace {ex.pod.split('/')[0]} uses {used} of limits.{res} {lim}")
+    if ex.preemption:
+        out.append("")
+        out.append(f"preemption (priority {ex.priority}): kube-scheduler would evict on the first node")
+        for o in ex.preemption:
+            mark = "*" if o.chosen else "-"
+            out.append(f"  {mark} {o.node}: {', '.join(o.victims)}")
+    elif ex.preemption_note:
+        out.append("")
+        out.append(f"preemption (priority {ex.priority}): {ex.preemption_note}")
     if ex.suggestions:
         out.append("")
         out.append("what would change it:")

@@ -29,6 +29,7 @@ from hami.vendors import (
 from hami.vendors.base import MutationResult, ResourceNames, Vendor
 from hami.vendors.hygon import HygonConfig, HygonVendor
 from hami.vendors.nvidia import NvidiaConfig, NvidiaVendor
+from hami.vendors.nvidia import parse_config as nvidia_parse_config
 
 if TYPE_CHECKING:
     from hami.config import DeviceConfig
@@ -63,7 +64,10 @@ class VendorSection:
 #: YAML key -> section, in HAMi's registration order (NVIDIA first). One line per vendor section.
 VENDOR_SECTIONS: dict[str, VendorSection] = {
     "nvidia": VendorSection(
-        NvidiaConfig, lambda c, d: [NvidiaVendor(c)], aliases={"defaultMem": "defaultMemory"}
+        NvidiaConfig,
+        lambda c, d: [NvidiaVendor(c)],
+        aliases={"defaultMem": "defaultMemory"},
+        custom_parse=nvidia_parse_config,
     ),
     "cambricon": VendorSection(cambricon.CambriconConfig, cambricon.build),
     "hygon": VendorSection(HygonConfig, lambda c, d: [HygonVendor(c)]),

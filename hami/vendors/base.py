@@ -10,6 +10,11 @@ is one module plus one registry line:
   plus extra vendor keys (`CAMBRICON_DSMLU_PROFILE`, `BAIDU_COM_DEVICE_IDX`, ...);
 - locking: whether bind takes `hami.io/mutex.lock` (or its own lock key);
 - admission: the webhook's per-container mutation and validation;
+- per-card rules inside the generic fit (HAMi's CustomFilterRule and AddResourceUsage): a card that
+  one container may take several times (`card_repeats`: NVIDIA MIG instances), an extra check after
+  the generic ones (`card_rule`), and the final form of the devices taken on a card (`finish_card`:
+  a MIG profile's memory and cores, its placement); and how a pod's allocation annotations read back
+  into device lists (`pod_devices`);
 - vendor rules the generic fit cannot express (`custom_fit`): capacity-derived inventories
   (`node_capacity_keys`), pod-wide "same card" rules (`fit_cards` sees the devices of the pod's earlier
   containers), topology choices, and extra pod annotations written at filter time
@@ -25,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from hami import annotations as A
 from hami import objects
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 
@@ -147,6 +153,42 @@ class Vendor(Protocol):
         """Pod annotations the scheduler writes at filter time for this allocation (one entry per container)."""
         ...
 
+    def pod_devices(
+        self, annotations: Mapping[str, str], containers: int
+    ) -> list[list[ContainerDevice]] | None:
+        """This vendor's devices of a pod, one list per container (init first), read back from the
+        annotations `allocation_annotations` wrote; None when the pod has none of this vendor.
+
+        Raises AnnotationError for a malformed device list.
+        """
+        ...
+
+    def card_repeats(self, device: Device, selection: Selection) -> bool:
+        """Whether one container may take several devices on this one card (each a MIG instance); the
+        generic fit then also skips its "fewer cards than asked" rule for a node with such a card."""
+        ...
+
+    def card_rule(
+        self,
+        device: Device,
+        usage: DeviceUsage,
+        req: ContainerRequest,
+        mem: int,
+        selection: Selection,
+        taken: Sequence[ContainerDevice],
+    ) -> str | None:
+        """The vendor's check after the generic per-card checks (HAMi's CustomFilterRule): None when
+        the card can take one more device of `mem` MiB after `taken` (this container's devices already
+        on the card), else the reason word (``CardMigTopologyInfeasible``)."""
+        ...
+
+    def finish_card(
+        self, device: Device, usage: DeviceUsage, devices: Sequence[ContainerDevice], selection: Selection
+    ) -> list[ContainerDevice]:
+        """The devices one container takes on one card, in their final form (HAMi's AddResourceUsage:
+        on a MIG card each becomes its profile's memory and cores at a free placement)."""
+        ...
+
     def fit_cards(
         self,
         req: ContainerRequest,
@@ -243,6 +285,24 @@ class VendorBase:
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         raise NotImplementedError(f"{type(self).__name__} has no custom fit")
+
+    def pod_devices(
+        self, annotations: Mapping[str, str], containers: int
+    ) -> list[list[ContainerDevice]] | None:
+        value = annotations.get(self.allocated_key)
+        if value is None:
+            return None
+        # Lists written by other HAMi versions may lack leading empty entries (§8.2).
+        return A.align_pod_devices(A.decode_pod_devices(value), containers)
+
+    def card_repeats(self, device: Device, selection: Selection) -> bool:
+        return False
+
+    def card_rule(self, device, usage, req, mem, selection, taken):  # noqa: ANN001, ANN201
+        return None
+
+    def finish_card(self, device, usage, devices, selection):  # noqa: ANN001, ANN201
+        return list(devices)
 
     def node_score(self, containers, *, cards, node_policy):  # noqa: ANN001, ANN201
         return 0.0

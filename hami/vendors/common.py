@@ -13,7 +13,6 @@ quantity is not a whole number (the pod then schedules without the device), we r
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -116,10 +115,7 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
     ``"[]"`` is no device. Raises AnnotationError for invalid JSON, a non-array, a device without an id,
     one id listed twice, or a field of the wrong type.
     """
-    try:
-        raw = json.loads(value)
-    except ValueError as e:
-        raise AnnotationError(f"not valid JSON: {e}") from None
+    raw = A.load_json(value)
     if not isinstance(raw, list):
         raise AnnotationError("must be a JSON array of devices")
     out = []
@@ -135,6 +131,7 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
         uuid = norm.get("id")
         if not isinstance(uuid, str) or not uuid:
             raise AnnotationError(f"device {i}: field 'id' must be a non-empty string")
+        A.check_card_id(uuid, f"device {i}")
         if uuid in seen:
             # One card listed twice would let a multi-card container get it twice.
             raise AnnotationError(

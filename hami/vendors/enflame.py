@@ -247,10 +247,7 @@ class DRSVendor(C.ShareVendor):
         value = A.pod_annotations(node).get(DRS_CAPACITY)
         if value is None:
             return None
-        try:
-            raw = json.loads(value)
-        except ValueError as e:
-            raise AnnotationError(f"not valid JSON: {e}") from None
+        raw = A.load_json(value)
         if (
             not isinstance(raw, dict)
             or not isinstance(raw.get("devices"), list)

@@ -86,9 +86,9 @@ def topology_table(value: str | None) -> tuple[tuple[int, int], ...] | None:
     if value is None:
         return None
     try:
-        raw = json.loads(value)
-        return tuple(sorted((int(k), int(v)) for k, v in raw.items()))
-    except (ValueError, TypeError, AttributeError):
+        raw = A.load_json(value)
+        return tuple(sorted((int(k), int(v)) for k, v in raw.items()))  # type: ignore[union-attr]
+    except (ValueError, TypeError, AttributeError, AnnotationError):
         return None
 
 
@@ -226,16 +226,14 @@ class MetaxSGPUVendor(C.ShareVendor):
         value = A.pod_annotations(node).get(INVENTORY)
         if value is None:
             return None
-        try:
-            raw = json.loads(value)
-        except ValueError as e:
-            raise AnnotationError(f"not valid JSON: {e}") from None
+        raw = A.load_json(value)
         if not isinstance(raw, list):
             raise AnnotationError("must be a JSON array of devices")
         out: list[Device] = []
         for i, d in enumerate(raw):
             if not isinstance(d, dict) or not isinstance(d.get("uuid"), str) or not d["uuid"]:
                 raise AnnotationError(f"device {i}: must be an object with a non-empty 'uuid'")
+            A.check_card_id(d["uuid"], f"device {i}")
             nums = {}
             for k in ("totalDevCount", "totalCompute", "totalVRam", "numa", "linkZone"):
                 v = d.get(k, 0)

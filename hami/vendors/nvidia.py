@@ -1,22 +1,39 @@
-"""NVIDIA: JSON registration, HAMi-core sharing (memory MiB, SM percent, slots).
+"""NVIDIA: JSON registration, HAMi-core sharing (memory MiB, SM percent, slots), MIG and MPS modes.
 
 Rules from hami-legacy-spec §1.1 (requests), §1.3 (selection annotations), §1.6.1 (registration),
-§2.1 (admission) and §2.5 (per-card type checks); the per-card fit itself is generic (`hami.fit`).
+§2.1 (admission) and §2.5 (per-card type checks); the per-card fit itself is generic (`hami.fit`). A
+card's mode is its node's `operatingmode` (`hami-core`, `mig`, `mps`) and a pod's
+`nvidia.com/vgpu-mode` must contain it. On cards in MIG mode each device of a container is one MIG
+instance: one container may take several on one card, and the profile and placement follow HAMi's
+dynamic MIG (`hami.vendors.nvidia_mig`), recorded in ``hami.io/vgpu-mig-allocations``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hami import annotations as A
 from hami import booleans
-from hami.configparse import require
-from hami.errors import InvalidRequest
-from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
+from hami.configparse import parse_section, require
+from hami.errors import AnnotationError, ConfigError, InvalidRequest
+from hami.model import (
+    HAMI_CORE_MODE,
+    MIG_MODE,
+    MPS_MODE,
+    PERCENTAGE_UNSET,
+    ContainerDevice,
+    ContainerRequest,
+    Device,
+    DeviceUsage,
+    MigSlot,
+    Selection,
+)
 from hami.quantity import to_count, to_mib, to_percent
+from hami.vendors import nvidia_mig
 from hami.vendors.base import (
     AllocationContext,
     MutationResult,
@@ -26,6 +43,7 @@ from hami.vendors.base import (
     set_env,
     split_list,
 )
+from hami.vendors.nvidia_mig import MIG_PROFILE, MigProfileAllowlist
 
 USE_GPUTYPE = "nvidia.com/use-gputype"
 NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
@@ -39,6 +57,9 @@ ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
 ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 #: Values of `nvidia.gpuCorePolicy` (libvgpu core limiter).
 CORE_POLICIES = ("default", "force", "disable")
+#: Values of `operatingMode` (per node `operatingmode`) and of `migStrategy` (per node `migstrategy`).
+OPERATING_MODES = (HAMI_CORE_MODE, MIG_MODE, MPS_MODE)
+MIG_STRATEGIES = ("none", "single", "mixed")
 
 
 @dataclass(frozen=True)
@@ -83,9 +104,34 @@ class NvidiaConfig:
     """RuntimeClass the webhook sets on NVIDIA pods without one; "" = leave unset. Default "" (HAMi)."""
     disableCoreLimit: bool = False
     """Device plugin: do not pass core limits to libvgpu (memory limits stay). Default false (HAMi)."""
+    operatingMode: str = HAMI_CORE_MODE
+    """Device plugin: how cards are shared, `hami-core` (libvgpu time-slicing), `mig` (one MIG instance
+    per container device, created on demand) or `mps` (an MPS control daemon per card, libvgpu still
+    accounting memory). Usually set per node in `nodeconfig` (`operatingmode`, HAMi's key). Default
+    `hami-core`."""
+    migStrategy: str = "none"
+    """Device plugin, with `operatingMode: hami-core`: `none` (cards with MIG mode on are skipped),
+    `single` or `mixed` (MIG instances an administrator made are registered as cards of their own,
+    shared by libvgpu like whole cards). HAMi's `migstrategy` / `--mig-strategy`. Default `none`."""
+    migProfileAllowlist: tuple[MigProfileAllowlist, ...] = ()
+    """MIG profiles cards may offer in `mig` mode, per model: a list of `{models: [...], profiles: [...]}`
+    (HAMi's key); a card whose model no entry names registers no profile. HAMi's older
+    `knownMigGeometries` (`{models, allowedGeometries}`) is read too: the profile names of its geometries
+    join the list. Default none."""
+
+    DOC_PARTS = (MigProfileAllowlist,)
 
     def validate(self) -> None:
         """Raise ConfigError naming the first invalid key."""
+        require(
+            self.operatingMode in OPERATING_MODES,
+            "nvidia.operatingMode",
+            self.operatingMode,
+            ", ".join(OPERATING_MODES),
+        )
+        strategies = ", ".join(MIG_STRATEGIES)
+        require(self.migStrategy in MIG_STRATEGIES, "nvidia.migStrategy", self.migStrategy, strategies)
+        nvidia_mig.validate_allowlist(self.migProfileAllowlist)
         require(
             self.deviceSplitCount >= 1, "nvidia.deviceSplitCount", self.deviceSplitCount, "an integer >= 1"
         )
@@ -122,6 +168,20 @@ class NvidiaConfig:
         )
 
 
+def parse_config(key: str, raw: Any) -> NvidiaConfig:
+    """The `nvidia:` section: flat keys, plus the MIG allow-list in HAMi's current form
+    (`migProfileAllowlist`) and its older one (`knownMigGeometries`, appended). Raises ConfigError."""
+    if raw is not None and not isinstance(raw, Mapping):
+        raise ConfigError(f"{key}: must be a mapping")
+    raw = dict(raw or {})
+    allow = nvidia_mig.parse_allowlist(raw.pop("migProfileAllowlist", None), key=f"{key}.migProfileAllowlist")
+    allow += nvidia_mig.parse_known_geometries(
+        raw.pop("knownMigGeometries", None), key=f"{key}.knownMigGeometries"
+    )
+    cfg = parse_section(NvidiaConfig, key, raw, aliases={"defaultMem": "defaultMemory"})
+    return replace(cfg, migProfileAllowlist=allow) if allow else cfg
+
+
 def model_type(nvml_name: str) -> str:
     """HAMi's type rule: prefix ``NVIDIA-`` unless the NVML name already starts with ``NVIDIA``."""
     return nvml_name if nvml_name.startswith("NVIDIA") else f"NVIDIA-{nvml_name}"
@@ -153,6 +213,9 @@ def control_disabled(container: Mapping[str, Any]) -> bool:
     )
 
 
+log = logging.getLogger(__name__)
+
+
 class NvidiaVendor(VendorBase):
     common_word = "NVIDIA"
     register_key = A.NVIDIA_REGISTER
@@ -177,7 +240,7 @@ class NvidiaVendor(VendorBase):
         return self._names
 
     def user_annotation_keys(self) -> tuple[str, ...]:
-        return (USE_GPUTYPE, NOUSE_GPUTYPE, USE_GPUUUID, NOUSE_GPUUUID, NUMA_BIND, VGPU_MODE)
+        return (USE_GPUTYPE, NOUSE_GPUTYPE, USE_GPUUUID, NOUSE_GPUUUID, NUMA_BIND, VGPU_MODE, MIG_PROFILE)
 
     def allocation_keys(self) -> tuple[str, ...]:
         return (A.NVIDIA_TO_ALLOCATE, A.NVIDIA_ALLOCATED, A.MIG_ALLOCATIONS)
@@ -226,6 +289,12 @@ class NvidiaVendor(VendorBase):
 
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         numa = annotations.get(NUMA_BIND)
+        profile = (annotations.get(MIG_PROFILE) or "").strip()
+        if profile and not nvidia_mig.valid_profile_name(profile):
+            raise InvalidRequest(
+                f"annotation {MIG_PROFILE}: {profile!r} is not a MIG profile name; valid: a profile such as "
+                "1g.10gb or 3g.40gb that the node's cards offer"
+            )
         return Selection(
             use_types=split_list(annotations.get(USE_GPUTYPE)),
             nouse_types=split_list(annotations.get(NOUSE_GPUTYPE)),
@@ -233,6 +302,7 @@ class NvidiaVendor(VendorBase):
             nouse_uuids=split_list(annotations.get(NOUSE_GPUUUID)),
             numa_bind=parse_bool(numa, field=NUMA_BIND) if numa is not None else False,
             mode=(annotations.get(VGPU_MODE) or "").strip(),
+            mig_profile=profile,
         )
 
     def type_matches(self, device: Device, selection: Selection) -> bool:
@@ -241,8 +311,53 @@ class NvidiaVendor(VendorBase):
             return False
         if any(u.lower() in t for u in selection.nouse_types):
             return False
+        if selection.mig_profile and device.mode != MIG_MODE:
+            return False  # an explicit MIG profile asks for MIG cards only
         # HAMi: the device's mode must be a substring of the pod's vgpu-mode value.
         return not (selection.mode and device.mode not in selection.mode)
+
+    # -- MIG (HAMi's CustomFilterRule / AddResourceUsage for cards in MIG mode) ---------------------
+
+    def card_repeats(self, device: Device, selection: Selection) -> bool:
+        # HAMi's isMIGRequest: a pod that names another mode never takes instances.
+        return device.mode == MIG_MODE and (not selection.mode or MIG_MODE in selection.mode)
+
+    def card_rule(
+        self,
+        device: Device,
+        usage: DeviceUsage,
+        req: ContainerRequest,
+        mem: int,
+        selection: Selection,
+        taken: Sequence[ContainerDevice],
+    ) -> str | None:
+        if device.mode != MIG_MODE:
+            return None
+        got = nvidia_mig.place_all(
+            device.mig_profiles, usage.mig, [*(c.usedmem for c in taken), mem], only=selection.mig_profile
+        )
+        return None if got is not None else "CardMigTopologyInfeasible"
+
+    def finish_card(
+        self, device: Device, usage: DeviceUsage, devices: Sequence[ContainerDevice], selection: Selection
+    ) -> list[ContainerDevice]:
+        if device.mode != MIG_MODE:
+            return list(devices)
+        got = nvidia_mig.place_all(
+            device.mig_profiles, usage.mig, [c.usedmem for c in devices], only=selection.mig_profile
+        )
+        if got is None:  # card_rule accepted each of them: cannot happen unless the caller skipped it
+            raise AssertionError(f"card {device.uuid}: MIG placements vanished between check and booking")
+        return [
+            ContainerDevice(
+                uuid=c.uuid,
+                type=c.type,
+                usedmem=profile.memory_mb,
+                usedcores=profile.core,
+                mig=MigSlot(profile.name, placement),
+            )
+            for c, (profile, placement) in zip(devices, got, strict=True)
+        ]
 
     # -- registration / allocation --------------------------------------------------------------
 
@@ -256,7 +371,35 @@ class NvidiaVendor(VendorBase):
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
     ) -> dict[str, str]:
         encoded = A.encode_pod_devices(containers)
-        return {A.NVIDIA_TO_ALLOCATE: encoded, A.NVIDIA_ALLOCATED: encoded}
+        out = {A.NVIDIA_TO_ALLOCATE: encoded, A.NVIDIA_ALLOCATED: encoded}
+        mig = A.mig_allocations_of(containers)
+        if mig:
+            out[A.MIG_ALLOCATIONS] = A.encode_mig_allocations(mig)
+        return out
+
+    def pod_devices(
+        self, annotations: Mapping[str, str], containers: int
+    ) -> list[list[ContainerDevice]] | None:
+        """The device list, each device with its MIG instance from ``hami.io/vgpu-mig-allocations``
+        (matched by container and device index). An unreadable MIG annotation is logged and ignored:
+        the devices then carry no instance, and cards in MIG mode holding them take no new instance
+        (HAMi's fail-closed rule)."""
+        devices = super().pod_devices(annotations, containers)
+        raw = annotations.get(A.MIG_ALLOCATIONS)
+        if devices is None or not raw:
+            return devices
+        try:
+            allocations = A.decode_mig_allocations(raw)
+        except AnnotationError as e:
+            log.warning("ignoring %s: %s", A.MIG_ALLOCATIONS, e)
+            return devices
+        for a in allocations:
+            if a.container_index < len(devices) and a.device_index < len(devices[a.container_index]):
+                cd = devices[a.container_index][a.device_index]
+                if cd.uuid == a.gpu_uuid:
+                    slot = MigSlot(a.profile, a.placement)
+                    devices[a.container_index][a.device_index] = replace(cd, mig=slot)
+        return devices
 
     # -- admission ------------------------------------------------------------------------------
 

@@ -8,7 +8,12 @@ resources the project uses:
 
 * core/v1: ``nodes`` (+``/status``), ``pods`` (+``/status``, ``/binding``), ``bindings``, ``events``,
   ``resourcequotas`` (+``/status``), ``namespaces`` (+``/status``);
-* coordination.k8s.io/v1: ``leases``.
+* coordination.k8s.io/v1: ``leases``;
+* admissionregistration.k8s.io/v1: ``mutatingwebhookconfigurations``, ``validatingadmissionpolicies``
+  and ``validatingadmissionpolicybindings``, which the server enforces (`kubefakes.apiserver.admission`:
+  bearer tokens name the user, the mutating webhooks are called on CREATE and UPDATE, the policies'
+  CEL is evaluated).
+* policy/v1: ``poddisruptionbudgets`` (stored as given: no disruption controller fills the status).
 
 Faithful points (each is what kube-apiserver does): one global, increasing resourceVersion; list
 answers carry ``metadata.resourceVersion`` and items without ``kind``/``apiVersion``; PUT or a patch
@@ -20,8 +25,9 @@ bounded event history answers an ``ERROR`` event with a ``410 Expired`` Status; 
 selectors see ``DELETED``/``ADDED`` when an object leaves/enters the selection; every error body is a
 ``Status`` shaped like the real server's (message, reason, details, code).
 
-Not implemented (not used by the project): protobuf/CBOR, server-side apply, authn/authz, admission
-webhooks, garbage collection, managedFields, pagination consistency across pages.
+Not implemented (not used by the project): protobuf/CBOR, server-side apply, authorization (every
+authenticated user may do everything), validating webhooks, admission on DELETE and CONNECT,
+``matchConditions`` of webhooks, garbage collection, managedFields, pagination consistency across pages.
 
 Cost model: get/create/update/patch/delete are O(1) in the number of stored objects plus the object
 size; a watch event costs O(watchers of that resource); a list scans one namespace (or the whole
@@ -37,7 +43,7 @@ prints its URL; the same hooks are then reachable over HTTP under ``/_fake/`` (s
 `ApiRoutes._control`).
 
 Modules, one concern each: `server` (thread, lifecycle, command line), `routes` (HTTP paths and
-verbs), `faults`, `resources` (the served resources), `status` (Status errors), `validation`,
+verbs), `admission` (users, webhooks, policies), `faults`, `resources` (the served resources), `status` (Status errors), `validation`,
 `store` (tables, resourceVersions, reads, watch registration), `writes` (the write verbs), `watchers`,
 `patches` (the three patch formats), `selectors` (label and field selectors).
 """

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from kubefakes.apiserver.admission import Webhook, validate_policies
 from kubefakes.apiserver.faults import Fault, fault_status
+from kubefakes.apiserver.patches import deep_copy
 from kubefakes.apiserver.resources import (
     BY_GROUP,
     JSON,
@@ -38,6 +40,7 @@ from kubefakes.apiserver.store import Table
 from kubefakes.apiserver.watchers import ABORT_WATCH, CLOSE_WATCH, serve_watch, truthy
 
 if TYPE_CHECKING:
+    from kubefakes.apiserver.admission import Admission
     from kubefakes.apiserver.faults import FaultInjector
     from kubefakes.apiserver.store import Store
 
@@ -100,6 +103,7 @@ class ApiRoutes:
 
     store: Store
     faults: FaultInjector
+    admission: Admission
     bookmark_interval_s: float
     default_watch_timeout_s: float
     request_count: int
@@ -152,6 +156,7 @@ class ApiRoutes:
             return self._discovery(path) or _json_response(
                 status_body(404, "the server could not find the requested resource", details={}), 404
             )
+        user = self.admission.user_of(request.headers.get("Authorization"))
         q = request.query
         method = request.method
         watch = route.watch_prefix or truthy(q.get("watch"))
@@ -219,9 +224,11 @@ class ApiRoutes:
             if method == "POST":
                 if info.namespaced and route.namespace is None:
                     raise method_not_allowed()
-                return _json_response(
-                    self.store.do_create(table, ns, await self._body(request), dry_run=dry_run), 201
-                )
+                body = await self._body(request)
+                hooks = self._webhooks()
+                if hooks or self._has_policies():
+                    body = await self._admit_create(hooks, table, ns, body, user, dry_run)
+                return _json_response(self.store.do_create(table, ns, body, dry_run=dry_run), 201)
             raise method_not_allowed()
         if sub == "binding":
             if method != "POST":
@@ -232,12 +239,26 @@ class ApiRoutes:
             )
         if method == "GET":
             return _json_response(with_type(info, self.store.get_object(table, ns, route.name)))
-        if method == "PUT":
-            body = await self._body(request)
-            return _json_response(self.store.do_update(table, ns, route.name, body, sub or None, dry_run))
-        if method == "PATCH":
+        if method in ("PUT", "PATCH"):
             ctype = request.content_type
             body = await self._body(request)
+            hooks = self._webhooks()
+            if hooks or self._has_policies():
+                return _json_response(
+                    await self._admit_update(
+                        hooks,
+                        table,
+                        ns,
+                        route.name,
+                        body,
+                        ctype if method == "PATCH" else None,
+                        sub,
+                        user,
+                        dry_run,
+                    )
+                )
+            if method == "PUT":
+                return _json_response(self.store.do_update(table, ns, route.name, body, sub or None, dry_run))
             return _json_response(
                 self.store.do_patch(table, ns, route.name, body, ctype, sub or None, dry_run)
             )
@@ -259,6 +280,102 @@ class ApiRoutes:
                 }
             )
         raise method_not_allowed()
+
+    # -- admission ----------------------------------------------------------------------------------
+
+    def _webhooks(self) -> list[Webhook]:
+        configs, _ = self.store.list_objects("mutatingwebhookconfigurations")
+        return self.admission.webhooks(configs) if configs else []
+
+    def _has_policies(self) -> bool:
+        return self.store.count("validatingadmissionpolicybindings") > 0
+
+    def _validate(
+        self, operation: str, info: ResourceInfo, ns: str, name: str, obj: dict, old: dict | None, user: dict
+    ) -> None:
+        if not self._has_policies():
+            return
+        policies, _ = self.store.list_objects("validatingadmissionpolicies")
+        bindings, _ = self.store.list_objects("validatingadmissionpolicybindings")
+        validate_policies(
+            policies, bindings, operation=operation, info=info, namespace=ns, name=name, obj=obj, old=old,
+            user=user,
+        )  # fmt: skip
+
+    def _namespace_labels(self, ns: str) -> dict[str, str]:
+        stored = self.store.get("namespaces", ns) if ns else None
+        if stored is None:
+            return {"kubernetes.io/metadata.name": ns}
+        return dict(object_meta(stored).get("labels") or {})
+
+    async def _admit_create(
+        self, hooks: list[Webhook], table: Table, ns: str, body: Any, user: dict, dry_run: bool
+    ) -> Any:
+        """The object to create after the mutating webhooks (defaulted first, as the API server does)."""
+        info = table.info
+        preview = self.store.do_create(table, ns, deep_copy(body), dry_run=True)
+        preview.pop("kind", None)
+        preview.pop("apiVersion", None)
+        for k in ("uid", "creationTimestamp", "resourceVersion"):
+            preview["metadata"].pop(k, None)
+        matched = self.admission.matching(
+            hooks, operation="CREATE", info=info, sub="", namespace_labels=self._namespace_labels(ns),
+            obj=preview, old=None,
+        )  # fmt: skip
+        name = object_meta(preview).get("name", "") if not object_meta(body).get("generateName") else ""
+        out = body
+        if matched:
+            out = await self.admission.admit(
+                matched, operation="CREATE", info=info, namespace=ns if info.namespaced else "", name=name,
+                obj=preview, old=None, user=user, dry_run=dry_run,
+            )  # fmt: skip
+        self._validate("CREATE", info, ns, name, out if matched else preview, None, user)
+        return out
+
+    async def _admit_update(
+        self,
+        hooks: list[Webhook],
+        table: Table,
+        ns: str,
+        name: str,
+        body: Any,
+        ctype: str | None,
+        sub: str,
+        user: dict,
+        dry_run: bool,
+    ) -> dict[str, Any]:
+        """PUT or PATCH through the mutating webhooks (operation UPDATE, object and oldObject), then
+        written with the old resourceVersion as precondition; a write in between runs admission again
+        (kube-apiserver's GuaranteedUpdate), unless the client named a resourceVersion (409 then).
+        `ctype`: the patch's content type, None for a PUT."""
+        info = table.info
+        given_rv = isinstance(body, dict) and bool((body.get("metadata") or {}).get("resourceVersion"))
+        for _ in range(20):
+            old = deep_copy(self.store.get_object(table, ns, name))
+            if ctype is not None:
+                new = self.store.do_patch(table, ns, name, body, ctype, sub or None, dry_run=True)
+            else:
+                new = self.store.do_update(table, ns, name, deep_copy(body), sub or None, dry_run=True)
+            new = deep_copy(new)
+            new.pop("kind", None)
+            new.pop("apiVersion", None)
+            matched = self.admission.matching(
+                hooks, operation="UPDATE", info=info, sub=sub, namespace_labels=self._namespace_labels(ns),
+                obj=new, old=old,
+            )  # fmt: skip
+            if matched:
+                new = await self.admission.admit(
+                    matched, operation="UPDATE", info=info, namespace=ns if info.namespaced else "", name=name,
+                    obj=new, old=old, user=user, dry_run=dry_run,
+                )  # fmt: skip
+            self._validate("UPDATE", info, ns, name, new, old, user)
+            new.setdefault("metadata", {})["resourceVersion"] = object_meta(old).get("resourceVersion")
+            try:
+                return self.store.do_update(table, ns, name, new, sub or None, dry_run)
+            except ApiStatusError as e:
+                if e.code != 409 or given_rv:
+                    raise
+        raise ApiStatusError(409, status_body(409, f"{info.plural} {name!r}: the object kept changing"))
 
     async def _control(self, request: web.Request) -> web.Response:
         """Test hooks over HTTP, for a server running in another process (not part of the Kubernetes API).

@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from kubefakes.apiserver.admission import DEFAULT_TOKEN, Admission
 from kubefakes.apiserver.faults import FaultInjector
 from kubefakes.apiserver.routes import ApiRoutes
 from kubefakes.apiserver.store import Store
@@ -48,6 +49,8 @@ class FakeApiServer(ApiRoutes):
         self.port = port
         self.store = Store(history_size=history_size, graceful_pod_deletion=graceful_pod_deletion)
         self.faults = FaultInjector()
+        #: Bearer tokens -> users, and where admission webhooks' service references are reached.
+        self.admission = Admission()
         self.bookmark_interval_s = bookmark_interval_s
         self.default_watch_timeout_s = default_watch_timeout_s
         self.kubeconfig_path = kubeconfig_path
@@ -146,6 +149,14 @@ class FakeApiServer(ApiRoutes):
         """Forget the event history (a watch from an older resourceVersion now gets 410 Expired)."""
         self.store.compact()
 
+    def kubeconfig_for(self, user: dict[str, Any], path: str) -> str:
+        """Write a kubeconfig at `path` whose token makes requests as `user` (a userInfo dict with
+        ``username`` and ``groups``, see `kubefakes.apiserver.admission.service_account_user`);
+        returns `path`."""
+        token = f"token-{len(self.admission.tokens)}-{user.get('username', 'user')}"
+        self.admission.add_user(token, user)
+        return write_kubeconfig(self.url, path, token=token)
+
     def open_watch_count(self, resource: str | None = None) -> int:
         """Open watches, of one resource or all."""
         return len(
@@ -155,13 +166,14 @@ class FakeApiServer(ApiRoutes):
     # -- HTTP --------------------------------------------------------------------------------------
 
 
-def write_kubeconfig(url: str, path: str, *, namespace: str = "default") -> str:
-    """Write a kubeconfig (YAML-compatible JSON) pointing at `url` with a dummy token; returns `path`."""
+def write_kubeconfig(url: str, path: str, *, namespace: str = "default", token: str = DEFAULT_TOKEN) -> str:
+    """Write a kubeconfig (YAML-compatible JSON) pointing at `url` with `token` (default: the admin's);
+    returns `path`."""
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "fake", "cluster": {"server": url}}],
-        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        "users": [{"name": "fake", "user": {"token": token}}],
         "contexts": [
             {"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": namespace}}
         ],

@@ -180,10 +180,15 @@ class Store(StoreWrites):
             self.do_patch(table, self._ns(table, namespace), name, patch, patch_type, subresource)
         )
 
-    def delete(self, resource: str, name: str, *, namespace: str | None = None) -> dict[str, Any]:
-        """Delete an object at once (grace period 0)."""
+    def delete(
+        self, resource: str, name: str, *, namespace: str | None = None, grace_period_s: int | None = 0
+    ) -> dict[str, Any]:
+        """Delete an object, at once by default (grace period 0). With ``graceful_pod_deletion`` a pod
+        deleted with another `grace_period_s` (None: its ``terminationGracePeriodSeconds``) only gets
+        its ``deletionTimestamp``, as kube-apiserver does until the kubelet reports it gone."""
         table = self._table(resource)
-        return deep_copy(self.do_delete(table, self._ns(table, namespace), name, {"gracePeriodSeconds": 0}))
+        options = {} if grace_period_s is None else {"gracePeriodSeconds": grace_period_s}
+        return deep_copy(self.do_delete(table, self._ns(table, namespace), name, options))
 
     def set_pod_phase(self, namespace: str, name: str, phase: str) -> dict[str, Any]:
         """Convenience for tests: merge-patch ``status.phase`` through the status subresource."""

@@ -20,6 +20,7 @@ import yaml
 
 from hami.config import load_config
 from hami.vendors import build_vendors
+from scheduler_extender.options import split_host_port
 from tests.chart.conftest import rendered
 from tests.chart.render import NAMESPACE, ROOT, Rendered, render
 
@@ -186,8 +187,9 @@ def test_extender_url_reaches_the_extenders_real_port(values: dict) -> None:
     spec, ext = container(r, "Deployment", "hami-scheduler", "hami-scheduler-extender")
     args = parsed(ext)
     assert url.scheme == "http" and not args.tls_cert_file
-    assert url.hostname == "127.0.0.1" and args.address in ("0.0.0.0", "127.0.0.1")  # same pod
-    assert url.port == args.port == named_port(ext, "http")
+    # Same pod; the verbs on loopback only (nothing on the pod IP can place or bind a pod).
+    assert url.hostname == "127.0.0.1" and args.address == "127.0.0.1"
+    assert url.port == args.port
     server = routes("scheduler_extender")
     extender = cfg["extenders"][0]
     for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
@@ -214,7 +216,13 @@ def test_probes_hit_routes_on_the_listening_port(value_set: str) -> None:
             assert get["path"] in routes(packages[command])["GET"], (c["name"], get)
             port = named_port(c, get["port"]) if isinstance(get["port"], str) else get["port"]
             args = parsed(c)
-            listening = getattr(args, "metrics_port", None) if command == "hami-device-plugin" else args.port
+            if command == "hami-device-plugin":
+                listening = getattr(args, "metrics_port", None)
+            elif command == "hami-scheduler-extender":
+                # Probes reach the pod IP: the health and metrics listener, not the loopback verbs.
+                listening = split_host_port(args.metrics_bind_address)[1]
+            else:
+                listening = args.port
             assert port == listening, (c["name"], probe, port, listening)
             probed += 1
     assert probed >= 4
@@ -244,7 +252,9 @@ def test_metrics_services_reach_the_containers() -> None:
     r = rendered("defaults")
     _spec, ext = container(r, "Deployment", "hami-scheduler", "hami-scheduler-extender")
     [p] = r.one("Service", "hami-scheduler")["spec"]["ports"]
-    assert named_port(ext, p["targetPort"]) == parsed(ext).port
+    # The Service reaches health and metrics only, never the verbs (which listen on 127.0.0.1).
+    assert named_port(ext, p["targetPort"]) == split_host_port(parsed(ext).metrics_bind_address)[1]
+    assert named_port(ext, p["targetPort"]) != parsed(ext).port
     _spec, mon = container(r, "DaemonSet", "hami-device-plugin", "hami-vgpu-monitor")
     [p] = r.one("Service", "hami-device-plugin-monitor")["spec"]["ports"]
     assert p["name"] == "monitorport" and named_port(mon, p["targetPort"]) == 9394

@@ -46,7 +46,7 @@ METHODS: dict[str, set[Perm]] = {
 # Generic methods take the resource as their first argument.
 GENERIC = {"get": "get", "list": "list", "list_with_version": "list", "create": "create", "patch": "patch",
            "replace": "update", "delete": "delete", "watch": "watch"}  # fmt: skip
-GROUPS = {"leases": "coordination.k8s.io"}
+GROUPS = {"leases": "coordination.k8s.io", "poddisruptionbudgets": "policy"}
 LEADER_ELECTOR = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
 # component -> (code it runs, ServiceAccount, the table with the call that needs each permission)
@@ -68,6 +68,8 @@ CALLS: dict[str, tuple[list[str], str, dict[Perm, str]]] = {
             ("", "resourcequotas", "watch"): "sync.py Reflector(resourcequotas)",
             ("", "events", "create"): "cli.py/app.py EventSink -> create_event",
             ("", "events", "patch"): "create_event bumps the count of a repeated event",
+            ("policy", "poddisruptionbudgets", "list"): "preempting.py the budgets, per preempt call",
+            ("", "nodes/status", "patch"): "advertise.py card totals (scheduler.extender.preemption only)",
         },
     ),
     "webhook": (
@@ -100,6 +102,10 @@ CALLS: dict[str, tuple[list[str], str, dict[Perm, str]]] = {
 # Leader election of the extender itself is off in the chart (kube-scheduler elects; see docs/install.md),
 # so LeaderElector's lease calls in scheduler_extender/runtime.py are not granted to it.
 NOT_USED_BY_CHART = {"extender": LEADER_ELECTOR}
+# Permissions the chart grants only with a value set: (component, permission) -> the values.
+WITH_VALUES: dict[tuple[str, Perm], dict] = {
+    ("extender", ("", "nodes/status", "patch")): {"scheduler": {"extender": {"preemption": True}}},
+}
 
 
 def _files(paths: list[str]) -> list[Path]:
@@ -146,10 +152,24 @@ def scan(paths: list[str]) -> dict[Perm, list[str]]:
                 and node.args
                 and isinstance(node.args[0], ast.Constant)
                 and node.args[0].value
-                in ("pods", "nodes", "events", "resourcequotas", "namespaces", "leases")
+                in (
+                    "pods",
+                    "nodes",
+                    "events",
+                    "resourcequotas",
+                    "namespaces",
+                    "leases",
+                    "poddisruptionbudgets",
+                )
             ):
                 res = node.args[0].value
-                add({(GROUPS.get(res, ""), res, GENERIC[name])}, f"{rel}:{node.lineno} {name}({res!r})")
+                sub = [
+                    k.value.value
+                    for k in node.keywords
+                    if k.arg == "subresource" and isinstance(k.value, ast.Constant)
+                ]
+                target = f"{res}/{sub[0]}" if sub and sub[0] else res
+                add({(GROUPS.get(res, ""), target, GENERIC[name])}, f"{rel}:{node.lineno} {name}({target!r})")
     return found
 
 
@@ -199,7 +219,14 @@ def test_rendered_rules_are_exactly_the_table(component: str) -> None:
     got = (
         {p for p in got if p[1] != "leases"} if component == "extender" else got
     )  # kube-scheduler's Lease below
-    assert got == set(table), {"extra": sorted(got - set(table)), "missing": sorted(set(table) - got)}
+    want = set(table) - {p for (c, p) in WITH_VALUES if c == component}
+    assert got == want, {"extra": sorted(got - want), "missing": sorted(want - got)}
+
+
+@pytest.mark.parametrize(("component", "perm"), list(WITH_VALUES))
+def test_rules_that_follow_a_value_are_granted_with_it(component: str, perm: Perm) -> None:
+    _paths, sa, _table = CALLS[component]
+    assert perm in rendered_rules(render(WITH_VALUES[(component, perm)]), sa)
 
 
 def test_no_wildcards_and_no_cluster_wide_secrets(value_set: str) -> None:

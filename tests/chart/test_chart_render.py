@@ -151,6 +151,21 @@ def test_scheduler_config_has_only_known_fields_and_the_extender(value_set: str,
     assert all(m["ignoredByScheduler"] is True for m in ext["managedResources"])
 
 
+@pytest.mark.parametrize("kube_version", ["v1.23.0", "v1.33.0"])
+def test_preemption_counts_the_advertised_totals(kube_version: str) -> None:
+    # The preempt verb is always configured; with scheduler.extender.preemption kube-scheduler counts
+    # the memory and cores resources the extender advertises as the nodes' card totals.
+    off = scheduler_config(render(kube_version=kube_version))["extenders"][0]
+    assert off["preemptVerb"] == "preempt"
+    r = render({"scheduler": {"extender": {"preemption": True}}}, kube_version=kube_version)
+    [ext] = scheduler_config(r)["extenders"]
+    counted = {m["name"] for m in ext["managedResources"] if not m["ignoredByScheduler"]}
+    assert counted == {"nvidia.com/gpumem", "nvidia.com/gpucores"}
+    deploy = r.one("Deployment", "hami-scheduler")
+    [extender] = [c for c in pod_spec(deploy)["containers"] if c["name"] != "kube-scheduler"]
+    assert "--advertise-node-resources" in extender["args"]
+
+
 @pytest.mark.parametrize(
     ("kube_version", "tag"),
     [("v1.29.11-eks-1234", "v1.29.11"), ("v1.30.2-gke.1587003", "v1.30.2"), ("v1.23.17", "v1.23.17"),
@@ -227,8 +242,8 @@ def test_scheduler_pod_probes_labels_and_priority() -> None:
     assert deploy["spec"]["template"]["metadata"]["labels"]["hami.io/webhook"] == "ignore"
     assert spec["priorityClassName"] == "system-cluster-critical"
     [ext] = [c for c in spec["containers"] if c["name"] == "hami-scheduler-extender"]
-    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert ext["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert ext["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     custom = render({"scheduler": {"priorityClassName": "gpu-critical"}}).one("Deployment", "hami-scheduler")
     assert pod_spec(custom)["priorityClassName"] == "gpu-critical"
 
@@ -246,7 +261,7 @@ def test_webhook_configuration() -> None:
     [w] = mwc["webhooks"]
     assert w["admissionReviewVersions"] == ["v1", "v1beta1"]
     assert w["sideEffects"] == "None" and w["failurePolicy"] == "Ignore"
-    assert w["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+    assert w["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                            "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
     ns = {e["key"]: e for e in w["namespaceSelector"]["matchExpressions"]}
     assert ns["hami.io/webhook"] == {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}

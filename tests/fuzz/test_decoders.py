@@ -24,7 +24,7 @@ from hami import quantity
 from hami.cluster import ClusterState
 from hami.errors import HamiError
 from hami.vendors import build_vendors
-from scheduler_extender.wire import parse_bind_args, parse_filter_args
+from scheduler_extender.wire import parse_bind_args, parse_filter_args, parse_preempt_args
 from tests.vendor_fleet import CONFIG
 from webhook.app import review_body
 from webhook.mutate import Mutator
@@ -225,6 +225,28 @@ binding_args = st.fixed_dictionaries(
     {},
     optional={k: json_leaf | json_value for k in ("PodName", "PodNamespace", "PodUID", "Node", "podname")},
 )
+victims_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "Pods": st.lists(
+            st.fixed_dictionaries({}, optional={"UID": json_leaf}) | pod_like | json_value, max_size=3
+        )
+        | json_value,
+        "NumPDBViolations": json_leaf,
+    },
+)
+preempt_args = st.fixed_dictionaries(
+    {},
+    optional={
+        "Pod": pod_like | json_value,
+        "NodeNameToMetaVictims": st.dictionaries(
+            st.sampled_from(["n", "m", ""]), victims_st | json_value, max_size=3
+        )
+        | json_value,
+        "NodeNameToVictims": st.dictionaries(st.sampled_from(["n", "m"]), victims_st | json_value, max_size=3)
+        | json_value,
+    },
+)
 raw_body = st.binary(max_size=64) | st.text(max_size=64).map(str.encode)
 
 
@@ -295,3 +317,17 @@ def test_deeply_nested_bodies_are_refused_cleanly(depth):
     only_our_errors(parse_filter_args, body)
     only_our_errors(parse_bind_args, body)
     assert review_body(MUTATOR, body)[0] == 400
+
+
+@FUZZ
+@given(
+    body=st.one_of(
+        preempt_args.map(json.dumps).map(str.encode), json_value.map(json.dumps).map(str.encode), raw_body
+    )
+)
+def test_extender_preemption_args(body):
+    args = only_our_errors(parse_preempt_args, body)
+    if args is not None:
+        assert isinstance(args.pod, dict) and args.pod["metadata"]["uid"]
+        assert all(isinstance(u, str) and u for uids in args.victims.values() for u in uids)
+        assert all(isinstance(n, int) and n >= 0 for n in args.pdb_violations.values())

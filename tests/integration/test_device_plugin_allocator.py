@@ -60,7 +60,10 @@ def kube(apiserver):
         store.delete("pods", pod["metadata"]["name"], namespace=pod["metadata"]["namespace"])
     if store.get("nodes", NODE) is not None:
         store.delete("nodes", NODE)
-    store.create("nodes", {"metadata": {"name": NODE, "labels": {"gpu": "on"}}})
+    store.create(
+        "nodes",
+        {"metadata": {"name": NODE, "labels": {"gpu": "on"}}, "status": {"nodeInfo": {"bootID": "boot-1"}}},
+    )
     return KubeClient.from_kubeconfig(apiserver.kubeconfig_path)
 
 
@@ -226,7 +229,8 @@ async def test_init_and_multi_card_containers_in_order_with_disable_control_by_v
         kube,
         "multi",
         init=[("setup", [])],
-        containers=[("c1", [dev(A, 1000, 10)]), ("c2", [dev(A, 2000, 0), dev(B, 2000, 0)])],
+        # c2 opts out by value: the scheduler gives it whole, exclusive cards (100 % each).
+        containers=[("c1", [dev(A, 1000, 10)]), ("c2", [dev(A, 2000, 100), dev(B, 2000, 100)])],
         env={"c1": {"CUDA_DISABLE_CONTROL": "false"}, "c2": {"CUDA_DISABLE_CONTROL": "true"}},
     )
     ids1, r1 = await kubelet.admit_container(RESOURCE, 1)
@@ -238,7 +242,7 @@ async def test_init_and_multi_card_containers_in_order_with_disable_control_by_v
     )  # "false" keeps control
     # After the first container: its entry consumed, lock kept for the next one.
     annos = pod_annos(apiserver, "multi")
-    assert annos[ann.NVIDIA_TO_ALLOCATE] == f";;{A},NVIDIA,2000,0:{B},NVIDIA,2000,0:;"
+    assert annos[ann.NVIDIA_TO_ALLOCATE] == f";;{A},NVIDIA,2000,100:{B},NVIDIA,2000,100:;"
     assert annos[ann.BIND_PHASE] == "allocating"
     assert node_annos(apiserver)[ann.NODE_LOCK].endswith(",default,multi")
 
@@ -250,7 +254,7 @@ async def test_init_and_multi_card_containers_in_order_with_disable_control_by_v
         env2["CUDA_DEVICE_MEMORY_LIMIT_0"],
         env2["CUDA_DEVICE_MEMORY_LIMIT_1"],
     ) == (f"{A},{B}", "2000m", "2000m")
-    assert env2["CUDA_DEVICE_SM_LIMIT"] == "0"
+    assert env2["CUDA_DEVICE_SM_LIMIT"] == "100"
     assert "/etc/ld.so.preload" not in [m[0] for m in mounts_of(r2)]
     uid = apiserver.store.get("pods", "multi", namespace="default")["metadata"]["uid"]
     assert (f"{hook}/vgpu", f"{hook}/vgpu/containers/{uid}_c2", False) in mounts_of(r2)
@@ -693,10 +697,15 @@ def running(apiserver: FakeApiServer, name: str) -> dict:
     return apiserver.store.get("pods", name, namespace="default")
 
 
-def reboot(kubelet: FakeKubelet) -> None:
-    """kubelet comes back without the assignments of its checkpoint (the node-reboot race)."""
+def reboot(kubelet: FakeKubelet, apiserver: FakeApiServer | None = None, boot_id: str = "boot-2") -> None:
+    """The node rebooted (kubelet reports a new boot ID) and kubelet came back without the assignments
+    of its checkpoint (the node-reboot race)."""
     kubelet.allocated.clear()
     kubelet.preferred_requests.clear()
+    if apiserver is not None:
+        apiserver.store.patch(
+            "nodes", NODE, {"status": {"nodeInfo": {"bootID": boot_id}}}, subresource="status"
+        )
 
 
 async def test_after_a_reboot_kubelets_repeated_allocate_is_answered_from_the_records(
@@ -707,7 +716,7 @@ async def test_after_a_reboot_kubelets_repeated_allocate_is_answered_from_the_re
     pod = running(apiserver, "trainer")
     before = pod_annos(apiserver, "trainer")
     assert (before[ann.BIND_PHASE], before[ann.NVIDIA_TO_ALLOCATE]) == ("success", ";;")
-    reboot(kubelet)
+    reboot(kubelet, apiserver)
     again = await kubelet.admit_pod(pod, RESOURCE)
     for name in ("c1", "c2"):
         e1, e2 = env_of(first[name]), env_of(again[name])
@@ -729,8 +738,8 @@ async def test_after_a_reboot_kubelets_repeated_allocate_is_answered_from_the_re
     assert "hami_device_plugin_allocation_readmissions_total 2.0" in text
     assert "hami_device_plugin_allocations_total 4.0" in text
     # Every container was served again once; a third request has nothing left to be.
-    with pytest.raises(AdmissionError, match=r"no pod holds the node lock .*; no Running pod on node node1 has a "
-                       r"container of 1 card\(s\) to serve again"):  # fmt: skip
+    with pytest.raises(AdmissionError, match=r"no pod holds the node lock .*; no pod on node node1 has a "
+                       r"container of 1 card\(s\) served before the node's last boot"):  # fmt: skip
         await kubelet.admit_container(RESOURCE, 1)
     assert pod_annos(apiserver, "trainer")[ann.BIND_PHASE] == "success"
 
@@ -742,7 +751,7 @@ async def test_after_a_reboot_the_cards_of_kubelets_ids_tell_two_running_pods_ap
         pod = schedule(apiserver, kube, name, [("main", [dev(card, mem, 10)])])
         await kubelet.admit_pod(pod, RESOURCE)
         running(apiserver, name)
-    reboot(kubelet)
+    reboot(kubelet, apiserver)
     # Two candidates of one card each that differ: no preference, so kubelet's own pick decides.
     resp = await kubelet.allocate(RESOURCE, [f"{B}-3"])
     assert (env_of(resp)["NVIDIA_VISIBLE_DEVICES"], env_of(resp)["CUDA_DEVICE_MEMORY_LIMIT_0"]) == (
@@ -765,12 +774,12 @@ async def test_after_a_reboot_differing_candidates_on_other_cards_are_refused_no
         pod = schedule(apiserver, kube, name, [("main", [dev(A, mem, 10)])])
         await kubelet.admit_pod(pod, RESOURCE)
         running(apiserver, name)
-    reboot(kubelet)
+    reboot(kubelet, apiserver)
     with pytest.raises(AdmissionError) as err:
         await kubelet.allocate(RESOURCE, [f"{B}-0"])
     assert str(err.value) == (
         "Allocate failed due to no pod holds the node lock hami.io/mutex.lock on node node1; only pods bound by "
-        "the HAMi scheduler extender can use nvidia.com/gpu; containers of Running pods that differ in cards or "
+        "the HAMi scheduler extender can use nvidia.com/gpu; containers that differ in cards or "
         f"limits could each be the one: default/large container main ({A} 9000 MiB 10 %); default/small "
         f"container main ({A} 1000 MiB 10 %), which is unexpected"
     )
@@ -782,12 +791,14 @@ async def test_after_a_reboot_differing_candidates_on_other_cards_are_refused_no
     )
 
 
-async def test_a_pod_not_running_or_not_fully_served_is_no_candidate_after_a_reboot(
-    apiserver, kube, kubelet, plugin
-):
-    pod = schedule(apiserver, kube, "pending", [("main", [dev(A, 1000, 10)])])
-    await kubelet.admit_pod(pod, RESOURCE)  # success, but its phase stays Pending
-    reboot(kubelet)
-    with pytest.raises(AdmissionError, match=r"no Running pod on node node1 has a container of 1 card\(s\)"):
+async def test_without_a_new_boot_id_nothing_is_served_again(apiserver, kube, kubelet, plugin):
+    # kubelet (or the plugin) restarted, the node did not: what kubelet asks for again is not proven to be
+    # a container this plugin served, so nothing is.
+    pod = schedule(apiserver, kube, "steady", [("main", [dev(A, 1000, 10)])])
+    await kubelet.admit_pod(pod, RESOURCE)
+    reboot(kubelet)  # kubelet forgot its assignments, but the boot ID is the same
+    with pytest.raises(
+        AdmissionError, match=r"no pod on node node1 has a container of 1 card\(s\) served before"
+    ):
         await kubelet.admit_container(RESOURCE, 1)
     assert "hami_device_plugin_allocation_readmissions_total 0.0" in plugin.metrics.render().decode()

@@ -213,7 +213,12 @@ def test_the_legacy_path_gives_the_pod_its_card_and_limits(run: Run):
     assert json.loads(s["bind"][0]) == {"Error": ""}
     bound = _json_after(s["bind"][1:], "{")
     assert bound["hami.io/bind-phase"] == "allocating"
-    assert any(re.fullmatch(r' "hami.io/mutex.lock": "[^,]+,default,cuda-demo"', line) for line in s["bind"])
+    assert any(
+        re.fullmatch(r' "hami.io/mutex.lock": "[^,]+,default,cuda-demo",?', line) for line in s["bind"]
+    )
+    # The lock's stamp names the pod's UID (and digests its allocation) for the device plugin.
+    stamp = ' "hami.io/mutex.lock-allocation": "{\\"uid\\":'
+    assert any(line.startswith(stamp) for line in s["bind"]), s["bind"]
     env = dict(line[4:].split("=", 1) for line in s["kubelet"] if line.startswith("env "))
     assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3072m"

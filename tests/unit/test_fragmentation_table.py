@@ -203,8 +203,8 @@ def test_the_key_order_pops_nodes_as_a_heap_of_every_candidate_would():
         nodes = [_Node(f"n{rng.randint(0, 99):02d}-{i}") for i in range(n)]
         keys = np.array([rng.choice([0.0, -0.5, 1.25, math.inf]) for _ in range(n)])
         scores = [float(rng.randint(0, 3)) for _ in range(n)]
-        want = [x.name for _, _, x in sorted(zip(zip(keys.tolist(), [-s for s in scores]), nodes, nodes),
-                                             key=lambda e: (e[0], e[1].name))]  # fmt: skip
+        entries = [((k, -s), x) for k, s, x in zip(keys.tolist(), scores, nodes, strict=True)]
+        want = [x.name for _, x in sorted(entries, key=lambda e: (e[0], e[1].name))]
         order = _KeyOrder(nodes, keys, scores)
         got = []
         while order:

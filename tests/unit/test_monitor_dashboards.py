@@ -55,6 +55,8 @@ class _FakeState:
     def quota_stats(self):
         return [("team-a", "nvidia.com/gpumem", 8000, 64000)]
 
+    allocation_mismatches = 0
+
 
 def _parse(text: str, into: dict[str, set[str]]) -> None:
     for fam in text_string_to_metric_families(text):

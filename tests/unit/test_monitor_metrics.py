@@ -132,6 +132,7 @@ def test_fake_host_file_is_validated_and_re_read(tmp_path):
 class FakeNvml:
     class Mem:
         used = 123 * MIB
+        total = 143771 * MIB
 
     class Util:
         gpu = 40
@@ -168,7 +169,7 @@ class FakeNvml:
 
 def test_nvidia_host_reads_nvml():
     host = NvidiaHost(FakeNvml())
-    assert host.read() == [HostGpu(0, "GPU-real", "NVIDIA-NVIDIA H200", 123 * MIB, 40.0, 9.0)]
+    assert host.read() == [HostGpu(0, "GPU-real", "NVIDIA-NVIDIA H200", 123 * MIB, 40.0, 9.0, 143771 * MIB)]
     with pytest.raises(ConfigError, match="NVML init failed"):
         NvidiaHost(FakeNvml(fail_init=True))
 
@@ -207,10 +208,22 @@ def test_flag_beats_environment_beats_default():
         (["--node-name", "n", "--port", "70000"], {}, "not a port; valid: 0..65535"),
         (["--node-name", "n", "--metrics-bind-address", "9394"], {}, "want [HOST]:PORT"),
         (["--node-name", "n", "--proc", "/nonexistent"], {}, "--proc '/nonexistent': not a proc file system"),
-        (["--node-name", "n", "--proc", "/etc"], {}, "--proc '/etc': not a proc file system (no /etc/1/stat)"),
+        (
+            ["--node-name", "n", "--proc", "/etc"],
+            {},
+            "--proc '/etc': not a proc file system (no /etc/1/stat)",
+        ),
     ],
-    ids=["no-node-name", "scan-interval-0", "scan-interval-env", "unknown-backend", "port-out-of-range", "bind-address-no-colon",
-         "proc-missing", "proc-not-procfs"],
+    ids=[
+        "no-node-name",
+        "scan-interval-0",
+        "scan-interval-env",
+        "unknown-backend",
+        "port-out-of-range",
+        "bind-address-no-colon",
+        "proc-missing",
+        "proc-not-procfs",
+    ],
 )
 def test_bad_settings_exit_2_naming_the_field(capsys, argv, env, message):
     with pytest.raises(SystemExit) as e:
@@ -240,3 +253,54 @@ def test_label_values_from_files_are_escaped():
 def value_of(got: dict, name: str, **labels: str) -> float:
     (v,) = [v for (n, lab), v in got.items() if n == name and set(labels.items()) <= set(lab)]
     return v
+
+
+def _mig_pod(value: str) -> dict:
+    return {
+        "metadata": {"uid": "uid-m", "namespace": "team-a", "name": "mig-0", "annotations": {"hami.io/vgpu-mig-allocations": value}},
+        "spec": {"initContainers": [{"name": "init"}], "containers": [{"name": "main-a"}, {"name": "main-b"}]},
+    }  # fmt: skip
+
+
+def test_mig_device_info_names_each_realised_instance_by_its_container():
+    """HAMi's hami_mig_device_info labels, and TestMigAllocationContainerName: index 0 is the init
+    container, 1 and 2 the app containers, 3 is none; entries without runtime identity are left out."""
+    from device_plugin.monitor.pods import pod_ref
+
+    value = (
+        '[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":6,"size":1},'
+        '"migUUID":"MIG-i","gpuInstanceID":13,"computeInstanceID":0},'
+        '{"containerIndex":2,"deviceIndex":1,"gpuUUID":"GPU-a","profile":"2g.10gb","placement":{"start":0,"size":2},'
+        '"migUUID":"MIG-b","gpuInstanceID":5,"computeInstanceID":0},'
+        '{"containerIndex":1,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":5,"size":1}},'
+        '{"containerIndex":3,"deviceIndex":0,"gpuUUID":"GPU-a","profile":"1g.5gb","placement":{"start":4,"size":1},'
+        '"migUUID":"MIG-x","gpuInstanceID":9,"computeInstanceID":0}]'
+    )
+    ref = pod_ref(_mig_pod(value))
+    text = render_snapshot(
+        Snapshot(taken_at=1.0, containers=(), host=()), node="n1", pods={ref.uid: ref}, legacy=True
+    )
+    got = samples(text)
+    base = {
+        "namespace": "team-a",
+        "pod": "mig-0",
+        "device_uuid": "GPU-a",
+        "compute_instance_id": "0",
+        "zone": "vGPU",
+    }
+    assert {k: v for k, v in got.items() if k[0] == "hami_mig_device_info"} == {
+        ("hami_mig_device_info", lbl(**base, container="init", vdevice_index="0", mig_uuid="MIG-i", profile="1g.5gb",
+                                     gpu_instance_id="13")): 1.0,
+        ("hami_mig_device_info", lbl(**base, container="main-b", vdevice_index="1", mig_uuid="MIG-b",
+                                     profile="2g.10gb", gpu_instance_id="5")): 1.0,
+    }  # fmt: skip
+    legacy = lbl(
+        podnamespace="team-a",
+        podname="mig-0",
+        ctrname="main-b",
+        vdeviceid="1",
+        deviceuuid="GPU-a",
+        instanceid="5",
+    )
+    assert got["MigInfo", legacy] == 1.0
+    assert pod_ref(_mig_pod("not json")).mig == ()

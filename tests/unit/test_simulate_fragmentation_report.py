@@ -115,7 +115,10 @@ def reference(state, nodes, cpu_free):
         usage = {u: DeviceUsage(*t) for u, t in snap.get(n.name, {}).items()}
         look = fragmentation.usage_of(usage)
         memo += model.node_value(n.cards, look, cpu_free[n.name])
-        total += fragmentation.packed_fragmentation(n.cards, look, model.active, cpu_free[n.name])
+        m = model.of("NVIDIA")
+        total += fragmentation.packed_fragmentation(
+            n.cards, look, m.dist, cpu_free[n.name], cpu_weight=m.cpu_weight, cpu_per_card=m.cpu_per_card
+        )
     return memo, total
 
 

@@ -25,8 +25,10 @@ def test_every_flag_reads_its_environment_variable() -> None:
         "HAMI_WEBHOOK_LOG_LEVEL": "DEBUG",
         "HAMI_WEBHOOK_ENABLE_ASCEND": "true",
         "HAMI_WEBHOOK_ENABLE_ILUVATAR": "on",
+        "HAMI_WEBHOOK_ALLOCATION_WRITERS": "system:serviceaccount:a:s, system:serviceaccount:a:d",
     }
     o = parse_args([], env=env)
+    assert o.writers == frozenset({"system:serviceaccount:a:s", "system:serviceaccount:a:d"})
     assert (o.device_config.scheduler.enableAscend, o.device_config.scheduler.enableIluvatar) == (True, True)
     assert (o.tls_cert_file, o.tls_private_key_file, o.address, o.port) == (
         "/tls/tls.crt",

@@ -56,7 +56,7 @@ def test_recommended_configuration() -> None:
     assert hook["sideEffects"] == "None"
     assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
     assert 1 <= hook["timeoutSeconds"] <= 30
-    assert hook["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+    assert hook["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                               "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
     ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
     assert ignore in hook["namespaceSelector"]["matchExpressions"]

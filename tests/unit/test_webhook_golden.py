@@ -60,6 +60,7 @@ def mutator_for(settings: Mapping[str, Any]) -> Mutator:
         WebhookSettings(
             scheduler_name=settings.get("scheduler_name", "hami-scheduler"),
             takeover_schedulers=frozenset(["", *takeover]) if takeover else frozenset(),
+            allocation_writers=frozenset(settings.get("allocation_writers", ())),
         ),
         quota=quota,
         namespaces=DictNamespaces(settings["namespace_labels"]) if "namespace_labels" in settings else None,

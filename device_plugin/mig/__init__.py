@@ -1,0 +1,1 @@
+"""MIG in the device plugin: NVML access, the owned instances, their reconciliation, Allocate."""

@@ -1,0 +1,1 @@
+"""MPS in the device plugin: one MPS control daemon per card, and the containers' MPS environment."""
