@@ -30,7 +30,8 @@ def _run(workload, policy, mode, *, narrowed, monkeypatch, first=None):
 
 
 @pytest.mark.parametrize(
-    "policy", ["binpack", "spread", "binpack/spread", "spread/binpack", "fragmentation", "fragmentation/binpack"]
+    "policy",
+    ["binpack", "spread", "binpack/spread", "spread/binpack", "fragmentation", "fragmentation/binpack"],
 )
 @pytest.mark.parametrize("mode", [Mode.FILL, Mode.TRACE])
 def test_same_placements_and_failure_reasons_as_one_call_with_every_node(policy, mode, monkeypatch):
