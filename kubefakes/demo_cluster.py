@@ -12,8 +12,10 @@ Seven nodes, three card models, every state an operator meets:
 * ``gpu-t4-2``: 1 x T4, unhealthy: kubelet advertises ``nvidia.com/gpu: 0`` (device plugin gone);
 * ``cpu-1``: no GPU registration at all;
 
-a ResourceQuota ``limits.nvidia.com/gpumem: 24000`` in namespace ``team-a`` (16000 MiB used), and pending pods
-that each fail for a different reason. Every timestamp is relative to `now`, so a report made at `now`
+a ResourceQuota ``limits.nvidia.com/gpumem: 24000`` in namespace ``team-a`` (16000 MiB used), pending pods
+that each fail for a different reason, and the Helm chart's device ConfigMap
+``hami-system/hami-scheduler-device`` (what `hami inspect` and `hami explain` read the cluster with).
+Every timestamp is relative to `now`, so a report made at `now`
 is the same on every run. Pure data: no I/O.
 """
 
@@ -31,6 +33,37 @@ T4 = "NVIDIA-Tesla T4"
 SCHEDULER = "hami-scheduler"
 #: The clock the examples in docs/operations.md are made at.
 DEMO_NOW = datetime(2026, 5, 4, 10, 0, 0, tzinfo=UTC)
+#: The chart's device-config.yaml with its default values, as the release "hami" in "hami-system" writes it.
+DEVICE_CONFIG = """\
+nvidia:
+  resourceCountName: "nvidia.com/gpu"
+  resourceMemoryName: "nvidia.com/gpumem"
+  resourceMemoryPercentageName: "nvidia.com/gpumem-percentage"
+  resourceCoreName: "nvidia.com/gpucores"
+  resourcePriorityName: "nvidia.com/priority"
+  deviceSplitCount: 10
+  deviceMemoryScaling: 1
+  deviceCoreScaling: 1
+scheduler:
+  schedulerName: "hami-scheduler"
+  nodeSchedulerPolicy: "binpack"
+  gpuSchedulerPolicy: "spread"
+  enableAscend: false
+  enableIluvatar: false
+"""
+
+
+def device_configmap(text: str = DEVICE_CONFIG, *, namespace: str = "hami-system") -> dict[str, Any]:
+    """The chart's device ConfigMap (name, namespace and label as helm/hami renders them) holding `text`."""
+    return {
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "hami-scheduler-device",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "hami", "app.kubernetes.io/component": "device-config"},
+        },
+        "data": {"device-config.yaml": text},
+    }
 
 
 def cards(
@@ -126,7 +159,8 @@ def pod(
 
 
 def demo_objects(now: datetime = DEMO_NOW) -> list[dict[str, Any]]:
-    """Every object of the demo cluster (Namespaces, Nodes, Pods, the ResourceQuota), in creation order."""
+    """Every object of the demo cluster (Namespaces, the device ConfigMap, Nodes, Pods, the ResourceQuota), in
+    creation order."""
     a1 = cards("a100-1", 4, 81920, A100, numa=(0, 0, 1, 1))
     a2 = cards("a100-2", 4, 81920, A100, numa=(0, 0, 1, 1))
     v1 = cards("v100-1", 4, 32768, V100)
@@ -135,8 +169,10 @@ def demo_objects(now: datetime = DEMO_NOW) -> list[dict[str, Any]]:
     t2 = cards("t4-2", 1, 15360, T4, count=4, health=False)
     lock = A.encode_node_lock(A.NodeLock(now - timedelta(seconds=130), "infer", "chat-2"))
     objs: list[dict[str, Any]] = [
-        {"kind": "Namespace", "metadata": {"name": ns}} for ns in ("train", "infer", "team-a", "default")
+        {"kind": "Namespace", "metadata": {"name": ns}}
+        for ns in ("hami-system", "train", "infer", "team-a", "default")
     ]
+    objs.append(device_configmap())
     objs += [
         node("gpu-a100-1", a1, now=now, annotations={A.DEVICE_CORDON: a1[3].uuid}),
         node("gpu-a100-2", a2, now=now, annotations={A.NODE_LOCK: lock}),

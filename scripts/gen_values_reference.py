@@ -1,11 +1,13 @@
-"""Write the values reference of docs/install.md from helm/hami/values.yaml's "# --" comments.
+"""Write the values reference of docs/install.md from helm/hami/values.yaml's "# --" comments, and the
+table of HAMi's keys this chart does not honour from helm/hami/files/hami-keys.yaml.
 
     python scripts/gen_values_reference.py          # rewrite the table between the markers
     python scripts/gen_values_reference.py --check  # exit 1 when the table is out of date (the test runs this)
 
 Each key documented with a "# -- text" comment line right above it becomes one row: the dotted key, its
 default (as JSON, from values.yaml itself) and the text. The table sits between
-``<!-- values-reference:start -->`` and ``<!-- values-reference:end -->`` in docs/install.md.
+``<!-- values-reference:start -->`` and ``<!-- values-reference:end -->`` in docs/install.md; the HAMi keys
+between ``<!-- hami-keys:start -->`` and ``<!-- hami-keys:end -->``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VALUES = ROOT / "helm" / "hami" / "values.yaml"
 DOC = ROOT / "docs" / "install.md"
 START, END = "<!-- values-reference:start -->", "<!-- values-reference:end -->"
+HAMI_KEYS = ROOT / "helm" / "hami" / "files" / "hami-keys.yaml"
+KEYS_START, KEYS_END = "<!-- hami-keys:start -->", "<!-- hami-keys:end -->"
 _KEY = re.compile(r"^(\s*)([A-Za-z0-9_.-]+):(.*)$")
 
 
@@ -72,12 +76,33 @@ def table() -> str:
     return "\n".join(rows)
 
 
+def hami_keys_table() -> str:
+    """One row per key of files/hami-keys.yaml: the key, what is accepted, what to do instead."""
+    rows = ["| HAMi key | Accepted here | Instead |", "|---|---|---|"]
+    for entry in yaml.safe_load(HAMI_KEYS.read_text())["keys"]:
+        accept = entry["accept"]
+        if accept == "any":
+            shown = "any value (not read)"
+        elif not accept:
+            shown = "unset (null)"
+        else:
+            shown = ", ".join("HAMi's default" if isinstance(v, str) and "\n" in v else f"`{json.dumps(v)}`"
+                              for v in accept)  # fmt: skip
+        why = entry["why"].replace("|", "\\|")
+        rows.append(f"| `{entry['key']}` | {shown} | {why} |")
+    return "\n".join(rows)
+
+
+def _between(doc: str, start: str, end: str, body: str) -> str:
+    if start not in doc or end not in doc:
+        raise SystemExit(f"{DOC.relative_to(ROOT)}: markers {start} / {end} not found")
+    head, rest = doc.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body}\n{end}{tail}"
+
+
 def updated(doc: str) -> str:
-    if START not in doc or END not in doc:
-        raise SystemExit(f"{DOC.relative_to(ROOT)}: markers {START} / {END} not found")
-    head, rest = doc.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table()}\n{END}{tail}"
+    return _between(_between(doc, START, END, table()), KEYS_START, KEYS_END, hami_keys_table())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ RESOURCES: dict[str, Res] = {
         Res("resourcequotas", "resource_quota", True, "core", "ResourceQuota", "v1"),
         Res("namespaces", "namespace", False, "core", "Namespace", "v1"),
         Res("leases", "lease", True, "coordination", "Lease", "coordination.k8s.io/v1"),
+        Res("configmaps", "config_map", True, "core", "ConfigMap", "v1"),
         Res(
             "poddisruptionbudgets",
             "pod_disruption_budget",

@@ -78,6 +78,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     inputs.add_argument("--kubeconfig", metavar="FILE",
                         help="with --from-cluster: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")  # fmt: skip
     inputs.add_argument("--context", metavar="NAME", help="with --from-cluster: kubeconfig context")
+    inputs.add_argument("--device-configmap", metavar="NAMESPACE/NAME",
+                        help="with --from-cluster and no --config: the scheduler's device ConfigMap (default: the "
+                        "chart's, hami-system/hami-scheduler-device, else the one labelled "
+                        "app.kubernetes.io/component=device-config, else HAMi's defaults with a warning)")  # fmt: skip
     inputs.add_argument(
         "--from-empty",
         action="store_true",
@@ -480,7 +484,18 @@ def run_simulate(
 
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    config = _load_config(args.config)
+    if getattr(args, "from_cluster", False) and args.config is None:
+        # What the scheduler reads, so the cluster's Ascend nodes and NPU pods are not dropped.
+        from hami.simulate.fromcluster import api_error_status, cluster_config
+
+        try:
+            config = cluster_config(args, stderr)
+        except ApiError as e:
+            return api_error_status(e)
+    else:
+        if getattr(args, "device_configmap", None):
+            raise InvalidRequest("--device-configmap: only with --from-cluster and without --config")
+        config = _load_config(args.config)
     if getattr(args, "vendors", None):
         config = config_for(config, parse_vendor_shares(args.vendors))  # Ascend/Iluvatar are switched vendors
     policies, compare = _policies(args, config)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import TextIO
 
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
@@ -70,6 +71,30 @@ def cluster_input(args: argparse.Namespace, config: DeviceConfig, *, with_pods: 
     )
 
 
+def cluster_config(args: argparse.Namespace, stderr: TextIO) -> DeviceConfig:
+    """The scheduler's device config read from the cluster (`hami.tools.deviceconfig`: the ConfigMap
+    `args.device_configmap`, else the chart's), a warning on `stderr` when HAMi's defaults stand in.
+
+    Raises what `list_cluster` raises, and NotFound for a named ConfigMap that does not exist.
+    """
+    from hami.kube import KubeClient
+    from hami.tools import deviceconfig
+    from hami.tools.command import kubeconfig_path
+
+    ref = getattr(args, "device_configmap", None)
+    if ref:
+        deviceconfig.parse_ref(ref)
+    client = KubeClient.from_kubeconfig(kubeconfig_path(args.kubeconfig), context=args.context, timeout_s=10.0,
+                                        retries=1, retry_initial_wait_s=0.1, retry_max_wait_s=0.5)  # fmt: skip
+    try:
+        found = deviceconfig.read(client, ref)
+    finally:
+        client.close()
+    if found.warning:
+        stderr.write(f"hami simulate: warning: {found.warning}\n")
+    return found.config
+
+
 def api_error_status(e: BaseException) -> int:
     """Print `e` (an error of the cluster LIST) as `hami inspect` and `hami snapshot` do, one line on
     stderr with a hint, and return their exit status: 3 when the API server cannot be reached, 4 when the
@@ -82,4 +107,11 @@ def api_error_status(e: BaseException) -> int:
     return guarded(again)
 
 
-__all__ = ("ClusterInput", "api_error_status", "cluster_input", "placement_keys", "unplaced")
+__all__ = (
+    "ClusterInput",
+    "api_error_status",
+    "cluster_config",
+    "cluster_input",
+    "placement_keys",
+    "unplaced",
+)

@@ -28,6 +28,18 @@ EXIT_FORBIDDEN = 4  # 401/403: the credentials may not list nodes, pods or resou
 EXIT_NOT_FOUND = 5  # the pod or a named node does not exist
 
 
+def _duration(value: str) -> float:
+    from hami.settings import duration
+
+    try:
+        seconds = duration(value)
+    except InvalidRequest as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: want a duration > 0, e.g. 5m")
+    return seconds
+
+
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
@@ -51,7 +63,14 @@ def _add_common(p: argparse.ArgumentParser, *, namespace: bool) -> None:
                    help="pods of this scheduler are counted, as the extender counts them (default: hami-scheduler)")  # fmt: skip
     p.add_argument("--device-config", metavar="FILE",
                    help="the scheduler's device-config.yaml (resource names, split counts, policies; default: "
-                   "HAMi's defaults)")  # fmt: skip
+                   "read from the cluster, see --device-configmap)")  # fmt: skip
+    p.add_argument("--device-configmap", metavar="NAMESPACE/NAME",
+                   help="the ConfigMap the scheduler reads its device-config.yaml from (default: the chart's, "
+                   "hami-system/hami-scheduler-device, else the one labelled "
+                   "app.kubernetes.io/component=device-config, else HAMi's defaults with a warning)")  # fmt: skip
+    p.add_argument("--node-lock-timeout", type=_duration, default="5m", metavar="DURATION",
+                   help="the extender's --node-lock-timeout (chart: scheduler.extender.nodeLockTimeout): an older "
+                   "node lock is shown as expired (default 5m)")  # fmt: skip
     p.add_argument("--now", metavar="RFC3339",
                    help="judge lock ages and handshakes at this time instead of the current one (reproducible reports)")  # fmt: skip
 
@@ -128,6 +147,7 @@ def _now(value: str | None) -> datetime:
 def _snapshot(args: argparse.Namespace) -> Any:
     from hami.config import load_config_file
     from hami.kube import KubeClient
+    from hami.tools import deviceconfig
     from hami.tools.snapshot import Snapshot, read_objects
 
     now = _now(args.now)
@@ -136,13 +156,23 @@ def _snapshot(args: argparse.Namespace) -> Any:
     path = kubeconfig_path(args.kubeconfig)
     if args.request_timeout <= 0:
         raise InvalidRequest(f"--request-timeout {args.request_timeout:g}: want seconds > 0")
+    if args.device_config and args.device_configmap:
+        raise InvalidRequest("--device-config and --device-configmap: give one")
+    if args.device_configmap:
+        deviceconfig.parse_ref(args.device_configmap)
     client = KubeClient.from_kubeconfig(path, context=args.context, timeout_s=args.request_timeout,
                                         retries=1, retry_initial_wait_s=0.1, retry_max_wait_s=0.5)  # fmt: skip
     try:
+        if config is None:
+            found = deviceconfig.read(client, args.device_configmap)
+            if found.warning:
+                print(f"hami: warning: {found.warning}", file=sys.stderr)
+            config = found.config
         listed = read_objects(client)
     finally:
         client.close()
-    return Snapshot.build(listed, config=config, now=now, scheduler_name=args.scheduler_name)
+    return Snapshot.build(listed, config=config, now=now, scheduler_name=args.scheduler_name,
+                          lock_timeout_s=args.node_lock_timeout)  # fmt: skip
 
 
 def _style(stream: Any) -> Any:
@@ -222,7 +252,7 @@ def guarded(fn: Any) -> int:
         code = exit_status(e)
         hint = ""
         if code == EXIT_FORBIDDEN:
-            hint = " (the tools need get/list on nodes, pods and resourcequotas)"
+            hint = " (the tools need get/list on nodes, pods and resourcequotas, and get on the device ConfigMap)"
         elif code == EXIT_UNREACHABLE:
             hint = " (check --kubeconfig / --context and that the API server is up)"
         if isinstance(e, OSError) and not isinstance(e, HamiError):

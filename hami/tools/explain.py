@@ -201,9 +201,14 @@ def _locks(snapshot: Snapshot, names: Sequence[str]) -> list[str]:
             continue
         if lock is not None:
             who = f"{lock.namespace}/{lock.name}" if lock.name else "an unnamed pod"
-            out.append(
-                f"{n}: node lock held by {who} for {age(lock_age_s(lock, now=snapshot.now))} (binds to it wait)"
-            )
+            held = lock_age_s(lock, now=snapshot.now)
+            if held > snapshot.lock_timeout_s:
+                out.append(
+                    f"{n}: node lock of {who} expired (held {age(held)}, past the {age(snapshot.lock_timeout_s)} "
+                    "lock timeout): the next bind takes it over"
+                )
+            else:
+                out.append(f"{n}: node lock held by {who} for {age(held)} (binds to it wait)")
     return out
 
 

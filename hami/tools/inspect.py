@@ -87,11 +87,13 @@ class CardReport:
 
 @dataclass(slots=True)
 class LockReport:
-    """The node lock (`hami.io/mutex.lock`): `holder` ``ns/pod`` (None for an owner-less legacy lock)."""
+    """The node lock (`hami.io/mutex.lock`): `holder` ``ns/pod`` (None for an owner-less legacy lock);
+    `expired` when older than the extender's lock timeout (the next bind takes it over, nobody waits)."""
 
     holder: str | None
     since: str
     age_s: float
+    expired: bool = False
 
 
 @dataclass(slots=True)
@@ -240,7 +242,8 @@ def node_report(
         nl, lock_problem = None, f"{A.NODE_LOCK}: {e}"
     if nl is not None:
         holder = f"{nl.namespace}/{nl.name}" if nl.namespace and nl.name else None
-        lock = LockReport(holder, A.format_rfc3339(nl.time), round(lock_age_s(nl, now=snapshot.now), 1))
+        held = lock_age_s(nl, now=snapshot.now)
+        lock = LockReport(holder, A.format_rfc3339(nl.time), round(held, 1), held > snapshot.lock_timeout_s)
     shakes = {
         v.handshake_key: annos[v.handshake_key]
         for v in snapshot.state.vendors.values()

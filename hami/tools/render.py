@@ -134,7 +134,12 @@ def card_dict(c: CardReport) -> dict[str, Any]:
 def node_dict(n: NodeReport) -> dict[str, Any]:
     lock = None
     if n.lock is not None:
-        lock = {"holder": n.lock.holder, "since": n.lock.since, "ageSeconds": n.lock.age_s}
+        lock = {
+            "holder": n.lock.holder,
+            "since": n.lock.since,
+            "ageSeconds": n.lock.age_s,
+            "expired": n.lock.expired,
+        }
     return {
         "name": n.name,
         "vendors": n.vendors,
@@ -199,7 +204,12 @@ def node_state(n: NodeReport, style: Style) -> str:
         parts.append(style.bad(f"unusable: {n.problem}"))
     if n.lock is not None:
         who = n.lock.holder or "an unnamed pod"
-        parts.append(style.warn(f"locked by {who} for {age(n.lock.age_s)}"))
+        if n.lock.expired:
+            parts.append(
+                style.warn(f"lock of {who} expired {age(n.lock.age_s)} ago (the next bind takes it over)")
+            )
+        else:
+            parts.append(style.warn(f"locked by {who} for {age(n.lock.age_s)}"))
     if n.lock_problem:
         parts.append(style.bad(n.lock_problem))
     sick = sum(1 for c in n.cards if not c.health)

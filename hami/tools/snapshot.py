@@ -21,6 +21,7 @@ from hami import objects
 from hami.config import DeviceConfig
 from hami.handshake import HANDSHAKE_TIMEOUT_S, check_node
 from hami.model import Device
+from hami.nodelock import NODE_LOCK_EXPIRY_S
 
 Obj = dict[str, Any]
 
@@ -56,6 +57,8 @@ class Snapshot:
     now: datetime
     health: dict[str, str | None]
     devices: dict[str, dict[str, list[Device]]]
+    #: Seconds after which the extender takes a node lock over (its --node-lock-timeout).
+    lock_timeout_s: float = NODE_LOCK_EXPIRY_S
 
     @classmethod
     def build(
@@ -66,6 +69,7 @@ class Snapshot:
         now: datetime | None = None,
         scheduler_name: str | None = None,
         handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        lock_timeout_s: float = NODE_LOCK_EXPIRY_S,
     ) -> Snapshot:
         """Rebuild the extender's state from `listed` at time `now` (default: the current time).
 
@@ -90,7 +94,7 @@ class Snapshot:
             if verdict is not None and state.node_unusable_reason(name) is None:
                 state.mark_node_unusable(name, verdict)
             devices[name] = _devices(state, node)
-        return cls(listed, state, now, health, devices)
+        return cls(listed, state, now, health, devices, lock_timeout_s)
 
     def node(self, name: str) -> Obj | None:
         return next((n for n in self.listed.nodes if objects.name(n) == name), None)

@@ -180,18 +180,26 @@ class AscendConfig:
 
 
 def parse(key: str, raw: Any) -> AscendConfig:
+    """`vnpus:` as HAMi v2.10 writes it ({hamiVnpuCore, configs: [chips]}), or as HAMi up to v2.9 read it:
+    the list of chips itself, hamiVnpuCore false. ConfigError names the first bad key."""
     if raw is None:
         return AscendConfig()
+    if isinstance(raw, list):
+        return AscendConfig(configs=_chips(key, raw))
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{key}: must be a mapping with hamiVnpuCore and configs")
+        raise ConfigError(f"{key}: must be a mapping with hamiVnpuCore and configs, or a list of chips")
     top = parse_section(AscendConfig, key, raw, skip=("configs",))
     if "configs" not in raw:
         return top
     if not isinstance(raw["configs"], list):
         raise ConfigError(f"{key}.configs: must be a list of chips")
+    return AscendConfig(hamiVnpuCore=top.hamiVnpuCore, configs=_chips(f"{key}.configs", raw["configs"]))
+
+
+def _chips(key: str, entries: list[Any]) -> tuple[AscendChip, ...]:
     chips = []
-    for i, entry in enumerate(raw["configs"]):
-        where = f"{key}.configs[{i}]"
+    for i, entry in enumerate(entries):
+        where = f"{key}[{i}]"
         chip = parse_section(AscendChip, where, entry, skip=("templates",))
         temps = (entry or {}).get("templates") or []
         if not isinstance(temps, list):
@@ -200,7 +208,7 @@ def parse(key: str, raw: Any) -> AscendConfig:
         chips.append(
             AscendChip(**{**chip.__dict__, "templates": tuple(sorted(parsed, key=lambda t: t.memory))})
         )
-    return AscendConfig(hamiVnpuCore=top.hamiVnpuCore, configs=tuple(chips))
+    return tuple(chips)
 
 
 @dataclass(frozen=True, slots=True)

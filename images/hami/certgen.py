@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """`hami-certgen`: the webhook's serving certificate for clusters without cert-manager.
 
 The chart runs it as two Helm hook Jobs with the project's own image (no third-party image to mirror):

@@ -91,6 +91,7 @@ RESOURCES: dict[str, ResourceInfo] = {
         ResourceInfo("", "v1", "resourcequotas", "ResourceQuota", True, True, _META),
         ResourceInfo("", "v1", "namespaces", "Namespace", False, True, _META | {"status.phase"}),
         ResourceInfo("coordination.k8s.io", "v1", "leases", "Lease", True, False, _META),
+        ResourceInfo("", "v1", "configmaps", "ConfigMap", True, False, _META),
         ResourceInfo("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, True, _META),
         ResourceInfo(
             "admissionregistration.k8s.io",

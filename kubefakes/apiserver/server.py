@@ -10,6 +10,7 @@ import os
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -187,11 +188,19 @@ def write_kubeconfig(url: str, path: str, *, namespace: str = "default", token: 
     return path
 
 
+def _now(value: str | None) -> datetime:
+    if not value:
+        return datetime.now(UTC).replace(microsecond=0)
+    t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kubefakes.apiserver --port 0 --kubeconfig-out F``: serve until interrupted; returns 0."""
+    """``python -m kubefakes.apiserver [--port 0] [--kubeconfig-out F] [--demo [--now T]]``: serve until
+    interrupted; returns 0."""
     parser = argparse.ArgumentParser(
         prog="python -m kubefakes.apiserver",
-        description="An in-memory Kubernetes API server (nodes, pods, events, quotas, namespaces, leases).",
+        description="An in-memory Kubernetes API server (nodes, pods, events, quotas, namespaces, leases, configmaps).",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 = any free port")
@@ -206,7 +215,25 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="JSON file with an object (with 'kind') or a list of objects to create at start; repeatable",
     )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        help="seed the demo GPU cluster of docs/operations.md (kubefakes/demo_cluster.py): seven nodes, "
+        "their pods, a quota and the chart's device ConfigMap",
+    )
+    parser.add_argument(
+        "--now",
+        metavar="RFC3339",
+        help="with --demo: the clock its lock ages and handshakes are relative to (default: now; the docs' "
+        "examples use 2026-05-04T10:00:00Z)",
+    )
     args = parser.parse_args(argv)
+    if args.now and not args.demo:
+        parser.error("--now: only with --demo")
+    try:
+        now = _now(args.now)
+    except ValueError:
+        parser.error(f"--now {args.now!r}: want an RFC 3339 time such as 2026-05-04T10:00:00Z")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = FakeApiServer(
         host=args.host,
@@ -215,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         bookmark_interval_s=args.bookmark_interval,
         kubeconfig_path=args.kubeconfig_out,
     )
+    if args.demo:
+        from kubefakes.demo_cluster import demo_objects
+
+        for obj in demo_objects(now):
+            server.store.create_any(obj)
     for path in args.seed:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

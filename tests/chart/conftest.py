@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from tests.chart.render import KUBE_VERSIONS, Rendered, render
+from tests.ci import require_module
 
-pytest.importorskip("helm_python", reason="helm-python-sdk (test extras) renders the chart")
+require_module("helm_python", "helm-python-sdk (test extras) renders the chart")
 
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1"
 

@@ -33,8 +33,12 @@ WRITERS = [
 )
 def test_policy_where_the_api_server_has_it_else_the_webhook(kube, apis, policy, operations) -> None:
     r = render({}, kube_version=kube, api_versions=apis)
-    [hook] = r.one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
-    assert hook["rules"][0]["operations"] == operations
+    hooks = r.one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
+    # Before 1.28 a second, best-effort entry reviews the namespaces not opted in: both guard UPDATE.
+    assert [h["name"] for h in hooks] == (
+        ["vgpu.hami.io"] if kube >= "v1.28" else ["vgpu.hami.io", "vgpu-best-effort.hami.io"]
+    )
+    assert [h["rules"][0]["operations"] for h in hooks] == [operations] * len(hooks)
     found = r.find("ValidatingAdmissionPolicy")
     assert [p["apiVersion"] for p in found] == ([policy] if policy else [])
     if policy:

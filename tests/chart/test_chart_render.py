@@ -107,7 +107,7 @@ def test_a_hami_values_file_passes_the_schema() -> None:
         "devicePlugin": {
             "deviceSplitCount": 4,
             "deviceMemoryScaling": 1.5,
-            "nvidianodeSelector": {"gpu": "on"},
+            "nvidiaNodeSelector": {"gpu": "on"},
         },
         "devices": {"nvidia": {"gpuCorePolicy": "force"}, "mthreads": {"enabled": True}},
         "global": {"imageRegistry": "registry.example.com"},
@@ -140,7 +140,7 @@ def test_scheduler_config_has_only_known_fields_and_the_extender(value_set: str,
     r = rendered(value_set, kube_version)
     cfg = scheduler_config(r)
     assert set(cfg) <= CONFIG_FIELDS
-    assert set(cfg["leaderElection"]) == {"leaderElect", "resourceName", "resourceNamespace"}
+    assert set(cfg["leaderElection"]) == {"leaderElect", "resourceLock", "resourceName", "resourceNamespace"}
     [ext] = cfg["extenders"]
     assert set(ext) <= EXTENDER_FIELDS
     assert ext["filterVerb"] == "filter" and ext["bindVerb"] == "bind"
@@ -185,11 +185,42 @@ def test_clusters_before_1_23_are_refused() -> None:
     assert yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"] == ">=1.23.0-0"
 
 
+@pytest.mark.parametrize(
+    ("tag", "kube_version", "api_version"),
+    [("v1.22.17", "v1.23.0", "v1beta2"), ("v1.23.17", "v1.24.0", "v1beta3"), ("v1.24.9", "v1.25.0", "v1beta3"),
+     ("v1.25.0", "v1.25.3", "v1"), ("1.30.4", "v1.31.0", "v1"), ("v1.29.3-eks-1-29-1", "v1.29.11-eks-1234", "v1")],
+)  # fmt: skip
+def test_scheduler_config_api_version_follows_the_kube_scheduler_image(
+    tag: str, kube_version: str, api_version: str
+) -> None:
+    # The image reads the configuration, not the cluster: a v1.22 kube-scheduler knows no v1beta3 or v1.
+    r = render({"scheduler": {"kubeScheduler": {"image": {"tag": tag}}}}, kube_version=kube_version)
+    cfg = scheduler_config(r)
+    assert cfg["apiVersion"] == f"kubescheduler.config.k8s.io/{api_version}"
+    # The Lease every version elects with is the one the chart's Role grants.
+    assert cfg["leaderElection"]["resourceLock"] == "leases"
+    role = r.one("Role", "hami-scheduler")
+    named = [rule for rule in role["rules"] if rule.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                      "resourceNames": [cfg["leaderElection"]["resourceName"]], "verbs": ["get", "update"]}]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tag", "kube_version"),
+    [("v1.19.16", "v1.23.0"), ("v1.21.14", "v1.23.0"), ("v1.22.17", "v1.30.0"), ("v1.31.0", "v1.30.0"),
+     ("v1.26.0", "v1.28.0"), ("latest", "v1.30.0"), ("v2.0.0", "v1.30.0")],
+)  # fmt: skip
+def test_kube_scheduler_versions_outside_the_supported_range_are_refused(tag: str, kube_version: str) -> None:
+    with pytest.raises(helm_python.HelmRenderError) as e:
+        render({"scheduler": {"kubeScheduler": {"image": {"tag": tag}}}}, kube_version=kube_version)
+    assert f'scheduler.kubeScheduler.image.tag: "{tag}"' in str(e.value), str(e.value)
+
+
 def test_kube_scheduler_tag_is_overridable() -> None:
-    deploy = render({"scheduler": {"kubeScheduler": {"image": {"tag": "v1.28.4"}}}}).one(
+    deploy = render({"scheduler": {"kubeScheduler": {"image": {"tag": "v1.29.4"}}}}).one(
         "Deployment", "hami-scheduler"
     )
-    assert pod_spec(deploy)["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.28.4"
+    assert pod_spec(deploy)["containers"][0]["image"] == "registry.k8s.io/kube-scheduler:v1.29.4"
 
 
 def test_our_images_follow_app_version_and_global_tag() -> None:
@@ -202,10 +233,11 @@ def test_our_images_follow_app_version_and_global_tag() -> None:
     assert pod_spec(tagged)["containers"][0]["image"] == "ghcr.io/hami-legacy/hami-device-plugin:9.9.9"
 
 
-def test_defaults_single_replica_without_pdb() -> None:
+def test_defaults_single_scheduler_without_pdb() -> None:
     r = rendered("defaults")
     assert r.one("Deployment", "hami-scheduler")["spec"]["replicas"] == 1
-    assert r.find("PodDisruptionBudget") == []
+    # The webhook alone has two replicas and a budget (failurePolicy Fail: tests/chart/test_chart_webhook.py).
+    assert [o["metadata"]["name"] for o in r.find("PodDisruptionBudget")] == ["hami-webhook"]
     # Leader election stays on (HAMi's scheduler.leaderElect default): a rolling update briefly runs
     # two kube-schedulers, and only one may schedule.
     assert scheduler_config(r)["leaderElection"]["leaderElect"] is True
@@ -216,7 +248,7 @@ def test_ha_turns_on_leader_election_pdb_and_anti_affinity() -> None:
     deploy = r.one("Deployment", "hami-scheduler")
     assert deploy["spec"]["replicas"] == 2
     assert scheduler_config(r)["leaderElection"] == {
-        "leaderElect": True, "resourceName": "hami-scheduler", "resourceNamespace": NAMESPACE,
+        "leaderElect": True, "resourceLock": "leases", "resourceName": "hami-scheduler", "resourceNamespace": NAMESPACE,
     }  # fmt: skip
     for name in ("hami-scheduler", "hami-webhook"):
         pdb = r.one("PodDisruptionBudget", name)
@@ -260,7 +292,7 @@ def test_webhook_configuration() -> None:
     mwc = rendered("defaults").one("MutatingWebhookConfiguration", "hami-webhook")
     [w] = mwc["webhooks"]
     assert w["admissionReviewVersions"] == ["v1", "v1beta1"]
-    assert w["sideEffects"] == "None" and w["failurePolicy"] == "Ignore"
+    assert w["sideEffects"] == "None" and w["failurePolicy"] == "Fail"
     assert w["rules"] == [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
                            "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
     ns = {e["key"]: e for e in w["namespaceSelector"]["matchExpressions"]}
@@ -278,8 +310,12 @@ def test_webhook_configuration() -> None:
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_match_conditions_only_where_the_api_has_them(kube_version: str) -> None:
-    [w] = rendered("defaults", kube_version).one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
-    assert ("matchConditions" in w) == (kube_version >= "v1.28")
+    webhooks = rendered("defaults", kube_version).one("MutatingWebhookConfiguration", "hami-webhook")[
+        "webhooks"
+    ]
+    assert [("matchConditions" in w) for w in webhooks] == (
+        [True] if kube_version >= "v1.28" else [False, False]  # Fail where opted in, Ignore elsewhere
+    )
 
 
 def _cel(expression: str, pod: dict) -> bool:
@@ -397,7 +433,7 @@ def test_device_plugin_daemonset() -> None:
     tol = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     # Helm merges maps: null removes the default gpu=on label.
     selector = {"accelerator": "nvidia", "gpu": None}
-    custom = render({"devicePlugin": {"tolerations": tol, "nvidianodeSelector": selector}})
+    custom = render({"devicePlugin": {"tolerations": tol, "nvidiaNodeSelector": selector}})
     cspec = pod_spec(custom.one("DaemonSet", "hami-device-plugin"))
     assert cspec["tolerations"] == tol and cspec["nodeSelector"] == {"accelerator": "nvidia"}
 

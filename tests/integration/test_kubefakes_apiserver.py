@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 import urllib3
@@ -545,3 +546,58 @@ def test_namespaces_minimal(v1) -> None:
     with pytest.raises(client.ApiException) as exc:
         v1.create_namespace({"metadata": {"name": "Not.A.Label"}})
     assert exc.value.status == 422
+
+
+def _demo_process(tmp_path, *extra: str) -> tuple[subprocess.Popen, str]:
+    out = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kubefakes.apiserver", "--kubeconfig-out", str(out), "--demo", *extra],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    proc.stdout.readline()
+    return proc, str(out)
+
+
+@pytest.mark.parametrize("now", [None, "2026-05-04T10:00:00Z"], ids=["clock-now", "docs-clock"])
+def test_demo_serves_the_operations_docs_cluster(tmp_path, now: str | None) -> None:
+    # docs/operations.md: `python -m kubefakes.apiserver --demo`, then `hami inspect` against it.
+    from hami import annotations as A
+
+    before = time.time()
+    proc, kubeconfig = _demo_process(tmp_path, *(["--now", now] if now else []))
+    try:
+        r = subprocess.run([sys.executable, "-m", "hami.cli", "inspect", "--kubeconfig", kubeconfig, "-o", "json",
+                            "--now", now or "2026-05-04T10:00:00Z"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+        nodes = {n["name"]: n for n in json.loads(r.stdout)["nodes"]}
+        assert sorted(nodes) == [
+            "cpu-1",
+            "gpu-a100-1",
+            "gpu-a100-2",
+            "gpu-t4-1",
+            "gpu-t4-2",
+            "gpu-v100-1",
+            "gpu-v100-2",
+        ]
+        v1 = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+        node = v1.read_node("gpu-a100-2")
+        taken = A.decode_node_lock(node.metadata.annotations[A.NODE_LOCK]).time.timestamp()
+        if now:
+            assert taken == datetime(2026, 5, 4, 9, 57, 50, tzinfo=UTC).timestamp()
+        else:
+            # The clock is now: the lock was taken 130 s before the server started.
+            assert before - 130 - 5 <= taken <= time.time() - 130 + 1
+        assert v1.read_namespaced_config_map("hami-scheduler-device", "hami-system").data[
+            "device-config.yaml"
+        ]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_demo_clock_errors() -> None:
+    for argv, msg in ((["--now", "2026-05-04T10:00:00Z"], "--now: only with --demo"),
+                      (["--demo", "--now", "tomorrow"], "want an RFC 3339 time")):  # fmt: skip
+        r = subprocess.run([sys.executable, "-m", "kubefakes.apiserver", *argv], capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+        assert r.returncode == 2 and msg in r.stderr, r.stderr

@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from device_plugin.monitor.procs import ProcTable
 from device_plugin.monitor.regions import read_region
+from tests.ci import skip_or_fail
 from tests.unit.monitor_files import V0, V1, HProc, hami_bytes, write
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ SCAN_S = 0.3
 def harness() -> Path:
     """libvgpu.so, the fake driver and t_cli (the same build as tests/libvgpu)."""
     if not shutil.which(os.environ.get("CC", "gcc")) and not shutil.which("cc"):
-        pytest.skip("no C compiler")
+        skip_or_fail("no C compiler (gcc or cc) to build libvgpu's test harness")
     subprocess.run(
         ["make", "-s", "-C", str(LIBVGPU), "test-bins"], check=True, capture_output=True, text=True
     )

@@ -18,6 +18,7 @@ import pytest
 
 from hami.cli import build_parser, main
 from hami.simulate.command import run_simulate
+from tests.ci import skip_unless
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
@@ -323,7 +324,7 @@ def test_no_subcommand_prints_help_and_exits_2(capsys):
 # ------------------------------------------------------------------------------------------------
 # The real trace (skipped when ../shared/data is absent)
 
-needs_trace = pytest.mark.skipif(not NODES_CSV.exists(), reason="Alibaba openb trace not present")
+needs_trace = skip_unless(NODES_CSV.exists(), f"the Alibaba openb trace is not at {TRACE}")
 
 
 OPENB_MIB = {

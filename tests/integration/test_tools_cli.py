@@ -116,6 +116,7 @@ def test_inspect_json_matches_the_annotations(
         "holder": "infer/chat-2",
         "since": "2026-05-04T09:57:50Z",
         "ageSeconds": 130.0,
+        "expired": False,
     }
     assert [c["cordoned"] for c in nodes["gpu-a100-1"]["cards"]] == [False, False, False, True]
     assert nodes["gpu-v100-2"]["cordoned"] is True and nodes["gpu-v100-2"]["usable"] is False

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ci import skip_or_fail
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "walkthrough.sh"
 DOC = ROOT / "docs" / "testing.md"
@@ -136,7 +138,7 @@ class Run:
 @pytest.fixture(scope="module")
 def run() -> Run:
     if shutil.which("curl") is None:
-        pytest.skip("the walkthrough's steps use curl, which is not installed")
+        skip_or_fail("the walkthrough's steps use curl, which is not installed")
     # A short base directory: the device plugin's unix socket path must stay under 108 bytes.
     base = Path(tempfile.mkdtemp(prefix="hwt", dir="/tmp"))
     ports = {name: _free_port() for name in DOC_PORTS}

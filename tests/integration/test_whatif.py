@@ -32,7 +32,7 @@ import yaml
 from hami import cli
 from hami.tools import command
 from kubefakes.apiserver import FakeApiServer, write_kubeconfig
-from kubefakes.demo_cluster import DEMO_NOW, cards, limits, node, pod
+from kubefakes.demo_cluster import DEMO_NOW, cards, device_configmap, limits, node, pod
 
 SHAPE = "nvidia.com/gpu=2,nvidia.com/gpumem=4000,nvidia.com/gpucores=30"
 A = cards("a", 3, 10000, "NVIDIA-T4")
@@ -48,6 +48,9 @@ def _held(**kw: Any) -> dict[str, Any]:
 def tiny(fake_apiserver: FakeApiServer) -> FakeApiServer:
     store = fake_apiserver.store
     store.create_any({"kind": "Namespace", "metadata": {"name": "default"}})
+    # The chart's device ConfigMap, which --from-cluster reads the nodes and pods with.
+    store.create_any({"kind": "Namespace", "metadata": {"name": "hami-system"}})
+    store.create_any(device_configmap())
     store.create_any(node("node-a", A, now=DEMO_NOW))
     store.create_any(node("node-b", B, now=DEMO_NOW))
     store.create_any(_held())

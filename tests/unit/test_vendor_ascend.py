@@ -41,6 +41,21 @@ def test_config_section_parses_chips_and_templates():
         )
 
 
+def test_hamis_older_list_form_of_vnpus_is_the_list_of_chips():
+    # HAMi up to v2.9 read `vnpus:` as the list of chips (no hamiVnpuCore); its docs still show it.
+    chips = [{"chipName": "910X", "commonWord": "Ascend910X", "memoryAllocatable": 1000,
+              "templates": [{"name": "vir01", "memory": 500, "aiCore": 1}]}]  # fmt: skip
+    listed = load_config({"scheduler": {"enableAscend": True}, "vnpus": chips})
+    mapped = load_config({"scheduler": {"enableAscend": True}, "vnpus": {"configs": chips}})
+    assert listed == mapped
+    assert [v for v in build_vendors(listed) if v.startswith("Ascend")] == ["Ascend910X"]
+    assert listed.section("vnpus").hamiVnpuCore is False
+    with pytest.raises(ConfigError, match=r"^vnpus\[0\]\.templates\[0\]\.mem: unknown key"):
+        load_config({"vnpus": [{"commonWord": "A", "memoryAllocatable": 1, "templates": [{"mem": 1}]}]})
+    with pytest.raises(ConfigError, match=r"^vnpus: must be a mapping with hamiVnpuCore and configs, or"):
+        load_config({"vnpus": "Ascend910B3"})
+
+
 @pytest.mark.parametrize(
     ("chip", "message"),
     [

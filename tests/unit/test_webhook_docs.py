@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from hami.vendors import build_vendors
+from tests.ci import require_module
 from webhook.app import make_app, review_body
 from webhook.mutate import Mutator
 
@@ -75,7 +76,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "webhook"
 def test_match_conditions_select_every_pod_the_webhook_acts_on() -> None:
     """Evaluate the documented CEL `matchConditions` on every golden pod: each pod the webhook would
     patch, deny or warn about is sent to it; pods it leaves alone are not (the point of scoping Fail)."""
-    celpy = pytest.importorskip("celpy")  # cel-python, test extras
+    celpy = require_module("celpy", "cel-python (test extras) evaluates the matchConditions")
     hook = yaml.safe_load(block("webhook-config"))["webhooks"][0]
     env = celpy.Environment()
     program = env.program(env.compile(hook["matchConditions"][0]["expression"]))

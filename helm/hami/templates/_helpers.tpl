@@ -86,13 +86,30 @@ imagePullSecrets:
 {{- regexFind "v?[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version | default "v1.30.0" -}}
 {{- end -}}
 
-{{/* kube-scheduler reads kubescheduler.config.k8s.io/v1 from 1.25 on; 1.23 and 1.24 only know v1beta3
-     (v1beta2 too, but v1beta3 is the one kept longest). */}}
-{{- define "hami.schedulerConfigApiVersion" -}}
-{{- if semverCompare ">=1.25.0-0" (include "hami.kubeVersion" .) -}}
-kubescheduler.config.k8s.io/v1
+{{/* The kube-scheduler image's version: scheduler.kubeScheduler.image.tag when set (v1.30.4, 1.30.4,
+     v1.30.4-eks-..., with a v added), else the cluster's. "" when the tag is no version (validate.yaml
+     refuses that). */}}
+{{- define "hami.kubeSchedulerVersion" -}}
+{{- $tag := toString (.Values.scheduler.kubeScheduler.image.tag | default "") -}}
+{{- if $tag -}}
+{{- $v := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $tag -}}
+{{- if $v }}{{ printf "v%s" (trimPrefix "v" $v) }}{{ end -}}
 {{- else -}}
+{{- include "hami.kubeVersion" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The KubeSchedulerConfiguration version the kube-scheduler image reads (upstream: v1beta2 from 1.22,
+     v1beta3 from 1.23, v1 from 1.25; v1beta2 removed in 1.28, v1beta3 in 1.29): v1beta2 for 1.22,
+     v1beta3 for 1.23 and 1.24, v1 from 1.25 on. validate.yaml refuses images before 1.22. */}}
+{{- define "hami.schedulerConfigApiVersion" -}}
+{{- $v := include "hami.kubeSchedulerVersion" . | default "v1.30.0" -}}
+{{- if semverCompare ">=1.25.0-0" $v -}}
+kubescheduler.config.k8s.io/v1
+{{- else if semverCompare ">=1.23.0-0" $v -}}
 kubescheduler.config.k8s.io/v1beta3
+{{- else -}}
+kubescheduler.config.k8s.io/v1beta2
 {{- end -}}
 {{- end -}}
 
@@ -101,11 +118,7 @@ kubescheduler.config.k8s.io/v1beta3
 {{- end -}}
 
 {{- define "hami.webhookReplicas" -}}
-{{- if gt (int .Values.scheduler.admissionWebhook.replicas) 0 -}}
-{{- .Values.scheduler.admissionWebhook.replicas -}}
-{{- else -}}
-{{- .Values.scheduler.replicas -}}
-{{- end -}}
+{{- .Values.scheduler.admissionWebhook.replicas | int -}}
 {{- end -}}
 
 {{/* Every resource of every enabled vendor, each once (kube-scheduler refuses duplicate names). NVIDIA's
@@ -123,9 +136,19 @@ kubescheduler.config.k8s.io/v1beta3
 {{- range $vendor, $d := .Values.devices -}}
 {{- if and (kindIs "map" $d) $d.enabled (ne $vendor "nvidia") (ne $vendor "hygon") -}}
 {{- $names = concat $names ($d.customresources | default list) -}}
-{{- range $key, $value := ($d.deviceConfig | default dict) -}}
+{{- $sections := list -}}
+{{- if kindIs "map" $d.deviceConfig -}}{{- $sections = append $sections $d.deviceConfig -}}{{- end -}}
+{{- /* Ascend's chips (vnpus.configs, or HAMi's older list form) name their own resources. */ -}}
+{{- $chips := list -}}
+{{- if kindIs "slice" $d.deviceConfig -}}{{- $chips = $d.deviceConfig -}}
+{{- else if and (kindIs "map" $d.deviceConfig) (kindIs "slice" (get ($d.deviceConfig | default dict) "configs")) -}}{{- $chips = $d.deviceConfig.configs -}}
+{{- end -}}
+{{- range $chips -}}{{- if kindIs "map" . -}}{{- $sections = append $sections . -}}{{- end -}}{{- end -}}
+{{- range $section := $sections -}}
+{{- range $key, $value := $section -}}
 {{- if and (hasPrefix "resource" $key) (kindIs "string" $value) $value -}}
 {{- $names = append $names $value -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -172,4 +195,9 @@ affinity:
 {{- if and (eq .type "NodePort") (ge $port 30000) (le $port 32767) -}}
 nodePort: {{ $port }}
 {{- end -}}
+{{- end -}}
+
+{{/* Each item of a list as JSON, NUL-separated (for messages that list accepted values). */}}
+{{- define "hami.jsonEach" -}}
+{{- range . }}{{ toJson . }}{{ "\x00" }}{{ end -}}
 {{- end -}}
