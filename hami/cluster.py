@@ -31,7 +31,7 @@ from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import fit_pod
 from hami.model import MIG_MODE, CardGrant, Device, DeviceUsage, PodDevices, Selection
-from hami.node_order import _gc_paused, _Node, _PolicyOrder
+from hami.node_order import _gc_paused, _KeyOrder, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
 from hami.preemption import is_terminating, pod_priority, pod_start
 from hami.prefilter import Need, VerdictIndex, pod_needs
@@ -251,6 +251,8 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
             n.source, n.problem = source, unusable
             self._recount_node(n)
+            # the learned shapes' demand is measured on the fleet's most common card
+            self.fragmentation.note_cards(n.by_uuid.values())
         return unusable
 
     def remove_node(self, name: str) -> None:
@@ -561,7 +563,8 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                     needs[v] = _PRESENCE_ONLY  # the vendor's own fit decides; the node must have its cards
             candidates = self._verdicts.candidates(self._nodes, node_names, needs, failed)
             if policy.node is NodePolicy.FRAGMENTATION:
-                order = _PolicyOrder.from_entries(self._fragmentation_keys(candidates, shapes))
+                keyed = self._fragmentation_keys(candidates, shapes)
+                order = keyed if isinstance(keyed, _KeyOrder) else _PolicyOrder.from_entries(keyed)
             else:
                 sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
                 order = _PolicyOrder.by_score(candidates, sign)
