@@ -438,6 +438,19 @@ def test_device_plugin_daemonset() -> None:
     assert cspec["tolerations"] == tol and cspec["nodeSelector"] == {"accelerator": "nvidia"}
 
 
+def test_runtime_class_reaches_the_device_plugin_pod_too() -> None:
+    # On a node whose default runtime is runc, only the NVIDIA runtime gives the plugin and the monitor
+    # (one pod) libnvidia-ml and the cards: HAMi's chart sets it on its DaemonSet as well.
+    assert "runtimeClassName" not in pod_spec(rendered("defaults").one("DaemonSet", "hami-device-plugin"))
+    r = render({"devicePlugin": {"runtimeClassName": "nvidia", "createRuntimeClass": True}})
+    assert pod_spec(r.one("DaemonSet", "hami-device-plugin"))["runtimeClassName"] == "nvidia"
+    assert r.one("RuntimeClass", "nvidia")["handler"] == "nvidia"
+    cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
+    assert cfg["nvidia"]["runtimeClassName"] == "nvidia"  # and the webhook gives it to GPU pods
+    for o in r.objects:
+        validate(o, "v1.30.0")
+
+
 def test_lib_path_must_sit_under_the_hook_path() -> None:
     with pytest.raises(helm_python.HelmRenderError, match="libPath"):
         render({"devicePlugin": {"libPath": "/opt/vgpu"}})
