@@ -136,7 +136,8 @@ def test_ascend_device_plugin_is_a_writer_when_ascend_is_on(kube, apis) -> None:
         writers = [*WRITERS, ASCEND_PLUGIN] if enabled else WRITERS
         assert f"--allocation-writers={','.join(writers)}" in args, (enabled, args)
         [hook] = r.one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"][:1]
-        exempt = {c["name"]: c["expression"] for c in hook.get("matchConditions", [])}.get("not-an-update-by-hami")
+        conditions = {c["name"]: c["expression"] for c in hook.get("matchConditions", [])}
+        exempt = conditions.get("not-an-update-by-hami")
         if exempt:
             assert (f'"{ASCEND_PLUGIN}"' in exempt) is enabled
         for policy in r.find("ValidatingAdmissionPolicy"):

@@ -170,7 +170,7 @@ def test_the_docs_say_which_pods_bypass_the_webhook_and_what_happens_to_them() -
     ],
     ids=["1.27", "1.23", "no-match-conditions", "1.28", "ignore"],
 )
-def test_notes_say_where_fail_holds_without_match_conditions(kube_version: str, values: dict, told: bool) -> None:
+def test_notes_say_where_fail_holds_without_match_conditions(kube_version, values, told) -> None:
     # Before 1.28 an install that follows only NOTES would get Ignore everywhere without being told.
     notes = render(values, kube_version=kube_version).notes
     label = "kubectl label namespace <namespace running GPU pods> hami.io/webhook=enabled"
