@@ -15,7 +15,7 @@ Targets (on the 2-core dev machine): filter p99 <= 10 ms, rebuild <= 5 s. Figure
 recorded in docs/benchmarks.md with the machine load.
 
     python benchmarks/scale_bench.py [--nodes 10000] [--cards 8] [--fill 70] [--samples 2000]
-        [--candidates 500] [--policy binpack|spread] [--seed 1] [--profile]
+        [--candidates 500] [--policy binpack|spread|fragmentation] [--seed 1] [--profile]
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def make_pod(i: int, rng: random.Random) -> dict[str, Any]:
     limits = {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem": str(mem), "nvidia.com/gpucores": str(cores)}
     return {
         "metadata": {"uid": f"uid-{i}", "name": f"pod-{i}", "namespace": "default", "annotations": {}},
-        "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "c", "resources": {"limits": limits}}]},
+        "spec": {
+            "schedulerName": "hami-scheduler",
+            "containers": [{"name": "c", "resources": {"limits": limits}}],
+        },
         "status": {"phase": "Running"},
     }
 
@@ -114,7 +117,9 @@ class GcPauses:
         )
 
 
-def measure(state: ClusterState, pods: list[dict[str, Any]], names: list[str]) -> tuple[list[float], list[float], int]:
+def measure(
+    state: ClusterState, pods: list[dict[str, Any]], names: list[str]
+) -> tuple[list[float], list[float], int]:
     """Filter each pod against `names`; every placed pod stays placed. Returns wall, CPU seconds, placed."""
     wall, cpu, placed = [], [], 0
     for p in pods:
@@ -133,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fill", type=float, default=70.0, help="percent of card memory booked before measuring")
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--candidates", type=int, default=500)
-    ap.add_argument("--policy", choices=("binpack", "spread"), default="binpack")
+    ap.add_argument("--policy", choices=("binpack", "spread", "fragmentation"), default="binpack")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--profile", action="store_true", help="cProfile the measured filters (top 25 by cumtime)")
+    ap.add_argument(
+        "--profile", action="store_true", help="cProfile the measured filters (top 25 by cumtime)"
+    )
     ap.add_argument(
         "--gc-freeze",
         action="store_true",
@@ -152,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     state = ClusterState()
     for n in nodes:
         state.upsert_node(n)
-    print(f"cluster: {a.nodes} nodes x {a.cards} cards = {a.nodes * a.cards} GPUs ({time.perf_counter() - t0:.1f} s to build)")
+    print(
+        f"cluster: {a.nodes} nodes x {a.cards} cards = {a.nodes * a.cards} GPUs ({time.perf_counter() - t0:.1f} s to build)"
+    )
 
     # Fill: filter against a random window of candidates (cheap), then write the decision onto the pod
     # as the extender's patch does, so the rebuild below reads real annotations.
@@ -186,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for label, cand in (("all nodes", names), (f"{a.candidates} candidates", None)):
         pods = [make_pod(10_000_000 + len(results) * a.samples + k, rng) for k in range(a.samples)]
-        if a.policy == "spread":
+        if a.policy != "binpack":
             for p in pods:
-                p["metadata"]["annotations"][A.NODE_SCHEDULER_POLICY] = "spread"
+                p["metadata"]["annotations"][A.NODE_SCHEDULER_POLICY] = a.policy
+                if a.policy == "fragmentation":
+                    p["metadata"]["annotations"][A.GPU_SCHEDULER_POLICY] = a.policy
         if cand is None:
             wall, cpu, placed = [], [], 0
             for p in pods:
@@ -221,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     rebuild_s, rebuild_cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"  garbage collections during the rebuild: {pauses.text()}")
     same = rebuilt.usage_snapshot() == state.usage_snapshot()
-    print(f"rebuild: {a.nodes} nodes + {len(placed_pods)} pods in {rebuild_s:.2f} s wall, {rebuild_cpu:.2f} s CPU; equal to the incremental state: {same}")
+    print(
+        f"rebuild: {a.nodes} nodes + {len(placed_pods)} pods in {rebuild_s:.2f} s wall, {rebuild_cpu:.2f} s CPU; equal to the incremental state: {same}"
+    )
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     p99 = pct(results["all nodes"][0], 99)

@@ -31,7 +31,7 @@ from hami.config import DeviceConfig
 from hami.errors import AnnotationError, InvalidRequest
 from hami.fit import fit_pod
 from hami.model import MIG_MODE, CardGrant, Device, DeviceUsage, PodDevices, Selection
-from hami.node_order import _gc_paused, _Node, _PolicyOrder
+from hami.node_order import _gc_paused, _KeyOrder, _Node, _PolicyOrder
 from hami.pods import ContainerSpec, collapse_grants
 from hami.preemption import is_terminating, pod_priority, pod_start
 from hami.prefilter import Need, VerdictIndex, pod_needs
@@ -170,7 +170,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         )
         # Vendors whose inventory is node capacity or labels (Cambricon, AWS Neuron, ...): their
         # entries are part of what a node's devices were parsed from.
-        self._capacity_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys))
+        self._capacity_keys = tuple(
+            dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys)
+        )
         self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
         # Every node's prefilter verdict per demand; the nodes tell it when they change (`_Node.touch`).
         self._verdicts = VerdictIndex()
@@ -259,6 +261,8 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             n.cordoned, n.pair_scores, n.unusable = cordoned, pair_scores, unusable
             n.source, n.problem = source, unusable
             self._recount_node(n)
+            # the learned shapes' demand is measured on the fleet's most common card
+            self.fragmentation.note_cards(n.by_uuid.values())
         return unusable
 
     def remove_node(self, name: str) -> None:
@@ -573,7 +577,8 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                     needs[v] = _PRESENCE_ONLY  # the vendor's own fit decides; the node must have its cards
             candidates = self._verdicts.candidates(self._nodes, node_names, needs, failed)
             if policy.node is NodePolicy.FRAGMENTATION:
-                order = _PolicyOrder.from_entries(self._fragmentation_keys(candidates, shapes))
+                keyed = self._fragmentation_keys(candidates, shapes)
+                order = keyed if isinstance(keyed, _KeyOrder) else _PolicyOrder.from_entries(keyed)
             else:
                 sign = -1.0 if policy.node is NodePolicy.BINPACK else 1.0
                 order = _PolicyOrder.by_score(candidates, sign)
@@ -604,7 +609,14 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             scorers = [self.vendors[v] for v in wanted if self.vendors[v].scores_nodes]
             if scorers:
                 chosen, fit = self._best_by_vendor_scores(
-                    chosen, fit, order.entries(), containers, selections, policy, quota, scorers,
+                    chosen,
+                    fit,
+                    order.entries(),
+                    containers,
+                    selections,
+                    policy,
+                    quota,
+                    scorers,
                     failed if explain else None,
                 )
             if log.isEnabledFor(logging.DEBUG):

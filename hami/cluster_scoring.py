@@ -15,6 +15,7 @@ from hami import fragmentation
 from hami.fit import fit_pod
 from hami.fragmentation_table import NodeTermTable
 from hami.model import Selection
+from hami.node_order import _KeyOrder
 from hami.pods import ContainerSpec
 from hami.scoring import PolicyChoice
 from hami.vendors.base import Vendor
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 
 _NAME = operator.attrgetter("name")
+_SCORE = operator.attrgetter("score")
 
 
 class PolicyScoring:
@@ -61,7 +63,9 @@ class PolicyScoring:
 
         best = ((-term(first, first_fit), -1), first, first_fit)
         for i, (_, _, n) in enumerate(sorted(rest, key=lambda item: (item[0], item[1]))):
-            f = fit_pod(containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota)
+            f = fit_pod(
+                containers, n.view(), vendors=self.vendors, selections=selections, policy=policy, quota=quota
+            )
             if f.ok:
                 cand = ((-term(n, f), i), n, f)
                 if cand[0] < best[0]:
@@ -80,11 +84,12 @@ class PolicyScoring:
 
     def _fragmentation_keys(
         self, candidates: Sequence[_Node], shapes: Mapping[str, tuple[fragmentation.Shape, ...]]
-    ) -> list[tuple[Any, str, _Node]]:
-        """Heap entries under the `fragmentation` node policy: the smallest increase of the node's
-        expected fragmentation for the pod (one-container pods: from the per-node columns of
-        `hami.fragmentation_table`; others cached per node until its usage or the learned workload
-        changes), ties to the fuller node (binpack), then by name."""
+    ) -> list[tuple[Any, str, _Node]] | _KeyOrder:
+        """The candidates under the `fragmentation` node policy: the smallest increase of the node's
+        expected fragmentation for the pod first, ties to the fuller node (binpack), then by name.
+        One-container pods: an order over the per-node columns of `hami.fragmentation_table`; others:
+        heap entries ((key, -score), name, node), keys cached per node until its usage or the learned
+        workload changes."""
         model = self.fragmentation
         version = model.version
         out = []
@@ -110,9 +115,11 @@ class PolicyScoring:
         table = model.tables.get(vendor)
         if table is None:
             table = model.tables[vendor] = NodeTermTable(model, vendor)
-        xs = table.keys(candidates, single).tolist()
-        scores = [-(s if (s := n.score) is not None else n.current_score()) for n in candidates]
-        return list(zip(zip(xs, scores, strict=True), map(_NAME, candidates), candidates, strict=True))
+        keys = table.keys(candidates, single)
+        scores = list(map(_SCORE, candidates))  # C-level: the cached scores, None where stale
+        if None in scores:
+            scores = [n.current_score() if x is None else x for n, x in zip(candidates, scores, strict=True)]
+        return _KeyOrder(list(candidates), keys, scores)
 
     def _score_terms(
         self, n: _Node, shapes: Mapping[str, tuple[fragmentation.Shape, ...]], policy: PolicyChoice

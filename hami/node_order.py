@@ -172,5 +172,59 @@ class _PolicyOrder:
         return list(self._rest())
 
 
+class _KeyOrder:
+    """Candidate nodes in the `fragmentation` node policy's order: ascending (key, -score, name), with
+    the keys in a numpy array (`hami.fragmentation_table`).
+
+    As in `_PolicyOrder`, the first node comes from one scan (a numpy minimum, then the few nodes at
+    that key by score and name) and the others go into a heap only when it does not fit: 10,000
+    heap entries built up front cost more than the rest of a decision at that size.
+    """
+
+    __slots__ = ("_nodes", "_keys", "_scores", "_heap", "_taken")
+
+    def __init__(self, nodes: list[_Node], keys: Any, scores: list[float]) -> None:
+        # keys: float array, one per node; scores: each node's score (the fuller node first)
+        self._nodes, self._keys, self._scores = nodes, keys, scores
+        self._heap: list[tuple[Any, str, _Node]] | None = None
+        self._taken = -1
+
+    def __bool__(self) -> bool:
+        if self._heap is not None:
+            return bool(self._heap)
+        return len(self._nodes) > (self._taken >= 0)
+
+    def pop(self) -> _Node:
+        if self._heap is None and self._taken < 0:
+            keys, nodes, scores = self._keys, self._nodes, self._scores
+            at = (keys == keys.min()).nonzero()[0].tolist()
+            t = at[0] if len(at) == 1 else min(at, key=lambda i: (-scores[i], nodes[i].name))
+            self._taken = t
+            return nodes[t]
+        return heapq.heappop(self._rest())[2]
+
+    def _rest(self) -> list[tuple[Any, str, _Node]]:
+        if self._heap is None:
+            t = self._taken
+            xs = self._keys.tolist()
+            self._heap = [((x, -s), n.name, n) for i, (x, s, n) in enumerate(zip(xs, self._scores, self._nodes, strict=True))
+                          if i != t]  # fmt: skip
+            heapq.heapify(self._heap)
+        return self._heap
+
+    def names(self) -> list[str]:
+        """Names of the nodes not given yet."""
+        if self._heap is not None:
+            return [name for _, name, _ in self._heap]
+        names = list(map(_NAME, self._nodes))
+        if self._taken >= 0:
+            del names[self._taken]
+        return names
+
+    def entries(self) -> list[tuple[Any, str, _Node]]:
+        """The nodes not given yet as ((key, -score), name, node)."""
+        return list(self._rest())
+
+
 _SCORE = operator.attrgetter("score")
 _NAME = operator.attrgetter("name")

@@ -26,6 +26,7 @@ from hami.simulate.engine import Mode, Policy, RunResult, parse_policy, run
 from hami.simulate.generate import DEFAULT_NODES, DEFAULT_PODS, generate_nodes, generate_pods
 from hami.simulate.mixed import VENDOR_NAMES, config_for, generate_mixed, parse_vendor_shares
 from hami.simulate.priority import PendingQueue, PriorityReport, assign, check_mode
+from hami.simulate.restate import parse_variant, restate
 from hami.simulate.start import Placed, begin, split
 from hami.simulate.workload import DEFAULT_GPU_MODELS, SimNode, SimPod, Workload, parse_gpu_models
 
@@ -86,6 +87,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start from empty cards: the pods already placed in the cluster (or in a YAML pods file) are not "
         "kept in place",
+    )
+    inputs.add_argument(
+        "--restate",
+        metavar="VARIANT",
+        help="restate the openb pods (CSV or the built-in generator) as HAMi users write requests: hami "
+        "(memory MiB, a seeded quarter with cores too), gpumem (memory MiB only), gpumem-cores, "
+        "gpumem-percentage; whole cards become nvidia.com/gpu alone (see docs/simulate.md)",
     )
     inputs.add_argument(
         "--vendors",
@@ -374,6 +382,19 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workl
         raise InvalidRequest(
             "--from-cluster: the cluster is the nodes; drop " + ("--nodes" if args.nodes else "--vendors")
         )
+    variant = getattr(args, "restate", None)
+    if variant is not None:
+        variant = parse_variant(variant)
+        if getattr(args, "vendors", None):
+            raise InvalidRequest("--restate: not with --vendors (it restates NVIDIA requests of openb pods)")
+        if getattr(args, "from_cluster", False) and args.pods is None:
+            raise InvalidRequest(
+                "--restate: the cluster's pods are already as their users wrote them; give --pods"
+            )
+        if args.pods is not None and _is_yaml(args.pods):
+            raise InvalidRequest(
+                f"--restate: {args.pods} is a Kubernetes YAML pod list, already HAMi requests"
+            )
     if getattr(args, "vendors", None):
         if args.nodes is not None or args.pods is not None:
             raise InvalidRequest("--vendors: only for the built-in generated fleet; drop --nodes and --pods")
@@ -419,6 +440,9 @@ def load_workload(args: argparse.Namespace, config: DeviceConfig) -> tuple[Workl
             size_pods, config=config, gpu_capacity=max(capacity, 1.0), seed=args.seed, gpu_models=models
         )
         pods_source = f"built-in generator (seed {args.seed}, {size_pods} pods)"
+    if variant is not None:
+        pods = restate(pods, nodes, variant, config=config, seed=args.seed)
+        pods_source = f"{pods_source} restated as {variant} (seed {args.seed})"
     workload = Workload(
         nodes=nodes, pods=pods, nodes_source=nodes_source, pods_source=pods_source, gpu_models=models,
         notes=notes,

@@ -32,10 +32,12 @@ from hami import objects, pods
 from hami.cluster import ClusterState, FilterOutcome
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
-from hami.model import CardGrant
+from hami.fragmentation import Shape
 from hami.scoring import NodePolicy, choose_policies
+from hami.simulate.allocation import CardUsage, card_figures, families
 from hami.simulate.candidates import PolicyOrder, Refusals
 from hami.simulate.fragmeter import FragmentationMeter
+from hami.simulate.fragorder import FragmentationOrder, single_shape
 from hami.simulate.results import (
     Checkpoint,
     Mode,
@@ -48,7 +50,7 @@ from hami.simulate.results import (
     summarise_failure,
     summarise_reasons,
 )
-from hami.simulate.workload import SimNode, SimPod, Workload, model_of
+from hami.simulate.workload import SimNode, SimPod, Workload
 from hami.vendors import build_vendors
 
 
@@ -146,68 +148,12 @@ def _config_for(config: DeviceConfig, policy: Policy) -> DeviceConfig:
     )
 
 
-class _Usage:
-    """Cores (percent) and memory (MiB) held on cards, per card model, kept incrementally from the pods'
-    grants (the core's own collapse rule, `hami.fit.collapse_grants`), so allocation can be sampled after
-    every pod without walking every card."""
-
-    def __init__(self, nodes: Sequence[SimNode]) -> None:
-        self.model = {c.uuid: model_of(c.type) for n in nodes for c in n.cards}
-        totals: dict[str, list[int]] = {}
-        for n in nodes:
-            for c in n.cards:
-                t = totals.setdefault(model_of(c.type), [0, 0, 0])
-                t[0] += 1
-                t[1] += c.devcore
-                t[2] += c.devmem
-        self.totals = dict(sorted(totals.items()))
-        self.devcore = sum(t[1] for t in totals.values())
-        self.devmem = sum(t[2] for t in totals.values())
-        self.used = {m: [0, 0] for m in self.totals}
-        self.cores = 0
-        self.mem = 0
-
-    def apply(self, held: Sequence[tuple[str, int, int]], sign: int) -> None:
-        for model, cores, mem in held:
-            u = self.used[model]
-            u[0] += sign * cores
-            u[1] += sign * mem
-            self.cores += sign * cores
-            self.mem += sign * mem
-
-    def held(self, grants: Sequence[CardGrant]) -> list[tuple[str, int, int]]:
-        return [(self.model[g.uuid], g.usedcores, g.usedmem) for g in grants if g.uuid in self.model]
-
-    def ratios(self) -> tuple[float, float]:
-        return (
-            self.cores / self.devcore if self.devcore else 0.0,
-            self.mem / self.devmem if self.devmem else 0.0,
-        )
-
-    def per_model(self) -> dict[str, ModelUsage]:
-        return {
-            m: ModelUsage(t[0], t[1], self.used[m][0], t[2], self.used[m][1]) for m, t in self.totals.items()
-        }
-
-
 def card_allocation(state: ClusterState) -> tuple[float, float, dict[str, ModelUsage]]:
-    """(GPU ratio, memory ratio, per model) from `ClusterState.card_stats()`: the core's own view, which
-    the engine's incremental figures must equal (tests hold that)."""
-    cores = devcore = mem = devmem = 0
-    models: dict[str, list[int]] = {}
-    for s in state.card_stats():
-        cores += s.usedcores
-        devcore += s.devcore
-        mem += s.usedmem
-        devmem += s.devmem
-        m = models.setdefault(model_of(s.type), [0, 0, 0, 0, 0])
-        m[0] += 1
-        m[1] += s.devcore
-        m[2] += s.usedcores
-        m[3] += s.devmem
-        m[4] += s.usedmem
-    per_model = {k: ModelUsage(*v) for k, v in sorted(models.items())}
-    return (cores / devcore if devcore else 0.0, mem / devmem if devmem else 0.0, per_model)
+    """(GPU ratio by cores, memory ratio, per model) from `ClusterState.card_stats()`: the core's own
+    view, which the engine's incremental figures must equal (tests hold that;
+    `hami.simulate.allocation.card_figures` gives every figure)."""
+    figures, per_model, _ = card_figures(state, families(state.vendors))
+    return figures.cores, figures.memory, per_model
 
 
 class _Replay:
@@ -228,14 +174,17 @@ class _Replay:
         self.card_type = {c.uuid: c.type for n in workload.nodes for c in n.cards}
         # The filter's node order mirrored per node policy (`hami.simulate.candidates`), made on first
         # use, and per workload pod the policy whose order it is handed in (None: every node at once).
-        self.orders: dict[NodePolicy, PolicyOrder] = {}
+        self.orders: dict[NodePolicy, PolicyOrder | FragmentationOrder] = {}
         self.plans: dict[int, tuple[NodePolicy, str] | None] = {}
+        #: Per workload pod under the fragmentation order: its (vendor, shape) as the filter keys it.
+        self.shapes: dict[int, tuple[str, Shape]] = {}
         self.kinds: dict[str, tuple[NodePolicy, str] | None] = {}
         self.refusals: Refusals | None = None
         self.res = _Resources(workload.nodes)
-        self.usage = _Usage(workload.nodes)
+        self.usage = CardUsage(workload.nodes, families(self.state.vendors))
         self.keep(placed)
-        self.capacity = self.usage.devcore / 100  # cards
+        result.start_allocation = self.usage.ratios()
+        self.capacity = result.gpu_capacity = self.usage.devcore / 100  # cards
         self.result = result
         self.where: dict[str, tuple[int, SimPod, list[tuple[str, int, int]]]] = {}
         self.arrived = 0.0  # cards
@@ -275,30 +224,39 @@ class _Replay:
     def arrived_pct(self) -> float:
         return self.arrived / self.capacity * 100
 
+    def point(self, arrival: float, measure: bool = False) -> Checkpoint:
+        """The allocation now as a checkpoint at `arrival` percent (with the fragmentation measured)."""
+        f = self.usage.ratios()
+        frag = self.meter.measure() if measure else None
+        return Checkpoint(arrival, f.cores, f.memory, self.now, frag, f.slots, f.capacity)
+
     def sample(self) -> None:
         """Peaks always; checkpoints (with the fragmentation measured) at every 10 % of arrivals and curve
-        points at every `curve_step` %."""
+        points at every `curve_step` %. The peak time is that of the highest capacity taken."""
         r = self.result
-        g, m = self.usage.ratios()
-        if g > r.peak_gpu_allocation_ratio:
-            r.peak_gpu_allocation_ratio, r.peak_time = g, self.now
+        f = self.usage.ratios()
+        if f.capacity > r.peak_capacity_allocation_ratio:
+            r.peak_capacity_allocation_ratio, r.peak_time = f.capacity, self.now
             r.peak_per_model = self.usage.per_model()
-        r.peak_memory_allocation_ratio = max(r.peak_memory_allocation_ratio, m)
+            r.peak_per_family = self.usage.per_family()
+        r.peak_gpu_allocation_ratio = max(r.peak_gpu_allocation_ratio, f.cores)
+        r.peak_memory_allocation_ratio = max(r.peak_memory_allocation_ratio, f.memory)
+        r.peak_slot_allocation_ratio = max(r.peak_slot_allocation_ratio, f.slots)
         pct = self.arrived_pct
         while pct >= self.next_check - 1e-9 and self.next_check <= self.check_limit + 1e-9:
-            c = Checkpoint(self.next_check, g, m, self.now, self.meter.measure())
+            c = self.point(self.next_check, measure=True)
             r.checkpoints.append(c)
-            if self.best_nodes is None or g > self.best_nodes[0].gpu_allocation_ratio:
+            if self.best_nodes is None or f.capacity > self.best_nodes[0].capacity_allocation_ratio:
                 self.best_nodes = (c, self.meter.last)
             self.next_check += 10.0
         if pct >= self.next_curve - 1e-9:
-            r.curve.append(Checkpoint(round(pct, 3), g, m, self.now))
+            r.curve.append(self.point(round(pct, 3)))
             while pct >= self.next_curve - 1e-9:
                 self.next_curve += self.curve_step
 
     def node_figures(self) -> None:
         """The per-node fragmentation table: the state at the end (fill), or at the checkpoint of highest
-        GPU allocation (trace: at its end every pod has left)."""
+        capacity taken (trace: at its end every pod has left)."""
         r = self.result
         if r.mode is Mode.TRACE and self.best_nodes is not None:
             r.node_fragmentation_at, figures = self.best_nodes
@@ -313,6 +271,7 @@ class _Replay:
         r.failure_reasons[category] += 1
         if pod.is_gpu:
             r.failed_gpu_pods += 1
+            r.failed_gpu_demand += pod.gpu_demand
             if r.first_failure_arrival is None:
                 r.first_failure_arrival = self.arrived_pct
         if r.placements is not None:
@@ -347,6 +306,7 @@ class _Replay:
             # Asks no managed device: the extender is not involved, kube-scheduler scores alone.
             i = res.least_allocated(fitting, pod.cpu_milli, pod.memory_mib)
             res.take(i, pod.cpu_milli, pod.memory_mib)
+            self.cpu_changed(i)
             self.where[uid] = (i, pod, [])
             # The extender sees the bound pod's event: its CPU counts where the next pods can go.
             meta = {**pod.obj["metadata"], "uid": uid, "name": name}
@@ -431,7 +391,10 @@ class _Replay:
             return self.state.filter(obj, self.res.names_of(fitting), now=self.stamp, explain=False), None
         order, r = plan
         known, index = self.refusals, self.res.index
-        first, rest = order.split(fitting & known.unknown(r))
+        mask = fitting & known.unknown(r)
+        if isinstance(order, FragmentationOrder):
+            order.prepare(obj, *self.shapes[id(pod)], mask)
+        first, rest = order.split(mask)
         out = self.state.filter(obj, first, now=self.stamp, explain=False)
         if out.error is not None or out.no_devices:
             return out, None
@@ -449,7 +412,7 @@ class _Replay:
             return out, None
         return out, known.counts(r, fitting)
 
-    def plan_for(self, pod: SimPod, obj: dict) -> tuple[PolicyOrder, int] | None:
+    def plan_for(self, pod: SimPod, obj: dict) -> tuple[PolicyOrder | FragmentationOrder, int] | None:
         """The mirrored order of the pod's node policy and its row of known refusals; None when the
         filter must see every node in one call (`hami.simulate.candidates` says when)."""
         key = id(pod)  # the workload's pods live as long as the run; their requests never change
@@ -469,12 +432,23 @@ class _Replay:
             if plan is False:
                 plan = self.kinds[kind] = self._plan(obj, kind)
             self.plans[key] = plan
+            if plan is not None and plan[0] is NodePolicy.FRAGMENTATION:
+                # the pod's shape with its own CPU request (pods of one kind differ in CPU)
+                shape = single_shape(self.state, obj)
+                if shape is None:
+                    plan = self.plans[key] = None
+                else:
+                    self.shapes[key] = shape
         if plan is None:
             return None
         policy, kind = plan
         order = self.orders.get(policy)
         if order is None:
-            order = self.orders[policy] = PolicyOrder(self.res.names, self.state, policy)
+            if policy is NodePolicy.FRAGMENTATION:
+                order = FragmentationOrder(self.res.names, self.state)
+            else:
+                order = PolicyOrder(self.res.names, self.state, policy)
+            self.orders[policy] = order
         if self.refusals is None:
             self.refusals = Refusals(len(self.res.names))
         return order, self.refusals.row(kind)
@@ -496,6 +470,10 @@ class _Replay:
             node_default=sched.nodeSchedulerPolicy,
             card_default=sched.gpuSchedulerPolicy,
         )
+        if choice.node is NodePolicy.FRAGMENTATION:
+            # one container request of one vendor: the filter keys it from the per-node columns,
+            # which `FragmentationOrder` reads for every node (others are scored by another path)
+            return (choice.node, kind) if single_shape(state, obj) is not None else None
         if choice.node not in (NodePolicy.BINPACK, NodePolicy.SPREAD) or choice.uses_fragmentation:
             return None
         return choice.node, kind
@@ -506,6 +484,12 @@ class _Replay:
             order.refresh(i)
         if self.refusals is not None:
             self.refusals.forget(i)
+
+    def cpu_changed(self, i: int) -> None:
+        """Node `i`'s free CPU changed (a pod without devices): the fragmentation order reads it."""
+        order = self.orders.get(NodePolicy.FRAGMENTATION)
+        if order is not None:
+            order.refresh(i)
 
     def delete(self, uid: str) -> None:
         """A pod is deleted: free its CPU/memory and, through the core's pod-removal path, its cards."""
@@ -652,14 +636,14 @@ def run(
             else:
                 replay.delete(f"sim-{k}")
             replay.sample()
-            g, m = replay.usage.ratios()
+            g = replay.usage.ratios().capacity
             if done == 1:
-                result.curve.append(Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now))
-            elif low is None or g < low.gpu_allocation_ratio or g > high.gpu_allocation_ratio:
-                point = Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now)
+                result.curve.append(replay.point(round(replay.arrived_pct, 3)))
+            elif low is None or g < low.capacity_allocation_ratio or g > high.capacity_allocation_ratio:
+                point = replay.point(round(replay.arrived_pct, 3))
                 if low is None:
                     low = high = point
-                elif g < low.gpu_allocation_ratio:
+                elif g < low.capacity_allocation_ratio:
                     low = point
                 else:
                     high = point
@@ -667,8 +651,8 @@ def run(
                 result.curve.extend(sorted({id(p): p for p in (low, high)}.values(), key=lambda p: p.time))
                 low = high = None
             last = result.curve[-1]
-            if done == total and (last.time, last.gpu_allocation_ratio) != (replay.now, g):
-                result.curve.append(Checkpoint(round(replay.arrived_pct, 3), g, m, replay.now))
+            if done == total and (last.time, last.capacity_allocation_ratio) != (replay.now, g):
+                result.curve.append(replay.point(round(replay.arrived_pct, 3)))
             if progress is not None and done % 32 == 0:
                 progress(done / total)
     if queue is not None:
@@ -677,13 +661,16 @@ def run(
     if froze:
         gc.unfreeze()
     result.arrived_gpu_demand = replay.arrived_pct
-    result.gpu_allocation_ratio, result.memory_allocation_ratio = replay.usage.ratios()
+    f = replay.usage.ratios()
+    result.gpu_allocation_ratio, result.memory_allocation_ratio = f.cores, f.memory
+    result.slot_allocation_ratio, result.capacity_allocation_ratio = f.slots, f.capacity
     result.per_model = replay.usage.per_model()
+    result.per_family = replay.usage.per_family()
     if not result.peak_per_model:
-        result.peak_per_model = result.per_model
+        result.peak_per_model, result.peak_per_family = result.per_model, result.per_family
     if mode is Mode.FILL and (not result.curve or result.curve[-1].arrival < result.arrived_gpu_demand):
-        g, m = replay.usage.ratios()
-        result.curve.append(Checkpoint(round(result.arrived_gpu_demand, 3), g, m))
+        replay.now = None
+        result.curve.append(replay.point(round(result.arrived_gpu_demand, 3)))
     if progress is not None:
         progress(1.0)
     replay.node_figures()

@@ -1,7 +1,7 @@
 """The cluster's expected fragmentation during a replay, per node and in total, for the reports.
 
 Every policy's run is measured the same way, so the figures compare: each node's `F_n(M)` (cards of
-free compute that the arriving workload could not use, `hami.fragmentation.FragmentationModel.node_value`)
+free capacity that the arriving workload could not use, `hami.fragmentation.FragmentationModel.node_value`)
 under the workload the run's `ClusterState` has learned by then, summed over the nodes. The measure is
 the one the `fragmentation` policy scores with; see docs/simulate.md.
 
@@ -12,7 +12,7 @@ workload's version, the node's free CPU and its cards' usage) and reused while i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from hami import fragmentation
@@ -24,24 +24,28 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class NodeFragmentation:
-    """One node's figures: `free` and `fragmented` in cards of compute (1.0 = one whole card's cores),
-    `models` its card models joined by ``+`` (``T4``), `cards` how many it registers."""
+    """One node's figures: `free` and `fragmented` in cards of capacity (1.0 = one whole card, free as
+    `hami.fragmentation.free_capacity`), `models` its card models joined by ``+`` (``T4``), `cards` how
+    many it registers."""
 
     node: str
     models: str
     cards: int
     free: float
     fragmented: float
+    #: Cordoned (`spec.unschedulable`): takes no new pod, so all its free capacity is fragmented; the
+    #: reports show such nodes apart from the most fragmented schedulable ones.
+    cordoned: bool = False
 
     @property
     def ratio(self) -> float | None:
-        """Fragmented share of the node's free compute, 0..1; None when nothing is free."""
+        """Fragmented share of the node's free capacity, 0..1; None when nothing is free."""
         return self.fragmented / self.free if self.free > 0 else None
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterFragmentation:
-    """The whole cluster at one moment: cards of free compute and of fragmented compute, summed over
+    """The whole cluster at one moment: cards of free capacity and of fragmented capacity, summed over
     the nodes, and the learned workload it was measured with (`shapes` request shapes, `version`)."""
 
     free: float
@@ -51,12 +55,17 @@ class ClusterFragmentation:
 
     @property
     def ratio(self) -> float | None:
-        """Fragmented share of the cluster's free compute, 0..1; None when nothing is free."""
+        """Fragmented share of the cluster's free capacity, 0..1; None when nothing is free."""
         return self.fragmented / self.free if self.free > 0 else None
 
 
-def top_nodes(nodes: list[NodeFragmentation], n: int | None = None) -> list[NodeFragmentation]:
-    """The most fragmented nodes first (fragmented cards, then fragmented share, then name), at most `n`."""
+def top_nodes(
+    nodes: list[NodeFragmentation], n: int | None = None, *, cordoned: bool | None = None
+) -> list[NodeFragmentation]:
+    """The most fragmented nodes first (fragmented cards, then fragmented share, then name), at most `n`;
+    with `cordoned` False (True) only the schedulable (cordoned) ones."""
+    if cordoned is not None:
+        nodes = [x for x in nodes if x.cordoned is cordoned]
     order = sorted(nodes, key=lambda x: (-x.fragmented, -(x.ratio or 0.0), x.node))
     return order if n is None else order[:n]
 
@@ -70,7 +79,7 @@ class FragmentationMeter:
 
     def __init__(self, state: ClusterState, closed: frozenset[str] = frozenset()) -> None:
         self.state = state
-        #: Nodes that take no new pod (cordoned, `spec.unschedulable`): all their free compute is a
+        #: Nodes that take no new pod (cordoned, `spec.unschedulable`): all their free capacity is a
         #: fragment, whatever shape arrives.
         self.closed = closed
         # node name -> (generation, node state key, free cards, fragmented cards)
@@ -118,20 +127,25 @@ class FragmentationMeter:
         self, n, cpu: int | None, model: fragmentation.FragmentationModel, shared: dict
     ) -> tuple[float, float]:
         look = fragmentation.usage_of(n.usage)
+        devices = n.devices
+        if n.cordoned:
+            # Cards cordoned through `hami.io/device-cordon` take no pod: measured as not serving any.
+            devices = {v: [replace(d, health=False) if d.uuid in n.cordoned else d for d in ds]
+                       for v, ds in devices.items()}  # fmt: skip
         if n.name not in self._models:
-            cards = [d for ds in n.devices.values() for d in ds]
+            cards = [d for ds in devices.values() for d in ds]
             self._models[n.name] = ("+".join(sorted({model_of(d.type) for d in cards})), len(cards))
-        free = sum(fragmentation.free_compute(d, look(d.uuid)) for ds in n.devices.values() for d in ds)
+        free = sum(fragmentation.free_capacity(d, look(d.uuid)) for ds in devices.values() for d in ds)
         if free <= 0:
             return free, 0.0  # nothing free, nothing fragmented
         states = (cpu, tuple(
             (v, tuple(sorted((d.type, d.devmem, d.devcore, d.count, d.health, u.used, u.usedmem, u.usedcores)
                              for d in ds for u in (look(d.uuid),))))
-            for v, ds in n.devices.items()
+            for v, ds in devices.items()
         ))  # fmt: skip
         frag = shared.get(states)
         if frag is None:
-            frag = shared[states] = sum(model.node_value(ds, look, cpu) for ds in n.devices.values() if ds)
+            frag = shared[states] = sum(model.node_value(ds, look, cpu) for ds in devices.values() if ds)
         return free, frag
 
     def nodes(self, figures: dict[str, tuple[float, float]] | None = None) -> list[NodeFragmentation]:
@@ -140,5 +154,5 @@ class FragmentationMeter:
         out = []
         for name, (free, frag) in figures.items():
             models, cards = self._models.get(name, ("", 0))
-            out.append(NodeFragmentation(name, models, cards, free, frag))
+            out.append(NodeFragmentation(name, models, cards, free, frag, name in self.closed))
         return out

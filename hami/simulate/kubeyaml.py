@@ -189,7 +189,11 @@ def load_nodes(
                 found = vendor.node_devices(obj)
             except InvalidRequest as e:
                 # Capacity-derived inventories (Cambricon, AWS Neuron, ...) have no registration annotation.
-                where = f"annotation {vendor.register_key}" if vendor.register_key else f"{vendor.common_word} inventory"
+                where = (
+                    f"annotation {vendor.register_key}"
+                    if vendor.register_key
+                    else f"{vendor.common_word} inventory"
+                )
                 if skipped is None:
                     raise TraceError(source, line, f"Node {name}: {where}: {e}") from None
                 skipped.append(f"Node {name}: {where}: {e}; its {vendor.common_word} cards are left out")

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hami.simulate.engine import Checkpoint, Mode, RunResult
+from hami.simulate.allocation import figures_of
+from hami.simulate.engine import Checkpoint, Mode, ModelUsage, RunResult
 from hami.simulate.fragmeter import ClusterFragmentation, NodeFragmentation, top_nodes
 from hami.simulate.workload import Workload, model_of
 
@@ -36,7 +37,7 @@ PLACEMENT_COLUMNS = (
 TOP_NODES_TEXT = 5
 TOP_NODES_JSON = 20
 
-#: A node counts as fragmented above this many cards of fragmented compute (rounding noise below).
+#: A node counts as fragmented above this many cards of fragmented capacity (rounding noise below).
 FRAGMENTED_CARDS = 0.005
 
 NODE_FRAGMENTATION_COLUMNS = (
@@ -47,6 +48,7 @@ NODE_FRAGMENTATION_COLUMNS = (
     "free_cards",
     "fragmented_cards",
     "fragmentation_ratio",
+    "cordoned",
 )
 FAILURE_REASON_COLUMNS = ("policy", "reason", "pods")
 
@@ -86,6 +88,17 @@ def _node_json(x: NodeFragmentation) -> dict[str, Any]:
     }
 
 
+def _figures_json(u: ModelUsage) -> dict[str, Any]:
+    f = figures_of(u)
+    return {
+        "cards": u.cards,
+        "capacity_allocation_ratio": _r(f.capacity),
+        "gpu_allocation_ratio": _r(f.cores),
+        "memory_allocation_ratio": _r(f.memory),
+        "slot_allocation_ratio": _r(f.slots),
+    }
+
+
 def _fragmentation_json(r: RunResult) -> dict[str, Any]:
     over_time = []
     for c in r.checkpoints:
@@ -96,6 +109,7 @@ def _fragmentation_json(r: RunResult) -> dict[str, Any]:
             {
                 "arrival": c.arrival,
                 "time": c.time,
+                "capacity_allocation_ratio": _r(c.capacity_allocation_ratio),
                 "gpu_allocation_ratio": _r(c.gpu_allocation_ratio),
                 "free_cards": _r(f.free, 4),
                 "fragmented_cards": _r(f.fragmented, 4),
@@ -118,6 +132,7 @@ def _fragmentation_json(r: RunResult) -> dict[str, Any]:
 def _nodes_json(nodes: Sequence[NodeFragmentation], at: Any) -> dict[str, Any]:
     free = sum(x.free for x in nodes)
     frag = sum(x.fragmented for x in nodes)
+    closed = [x for x in nodes if x.cordoned]
     return {
         "at": at,
         "gpu_nodes": len(nodes),
@@ -125,7 +140,12 @@ def _nodes_json(nodes: Sequence[NodeFragmentation], at: Any) -> dict[str, Any]:
         "free_cards": _r(free, 4),
         "fragmented_cards": _r(frag, 4),
         "fragmentation_ratio": _r(frag / free if free > 0 else None),
-        "top": [_node_json(x) for x in top_nodes(list(nodes), TOP_NODES_JSON)],
+        "top": [_node_json(x) for x in top_nodes(list(nodes), TOP_NODES_JSON, cordoned=False)],
+        "cordoned": {
+            "nodes": len(closed),
+            "free_cards": _r(sum(x.free for x in closed), 4),
+            "top": [_node_json(x) for x in top_nodes(closed, TOP_NODES_JSON)],
+        },
     }
 
 
@@ -147,11 +167,17 @@ def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
         "scheduled": r.scheduled,
         "failed": r.failed,
         "failed_gpu_pods": r.failed_gpu_pods,
+        "failed_gpu_demand": _r(r.failed_gpu_demand, 3),
+        "failed_gpu_demand_pct": _r(failed_demand_pct(r), 3),
         "deleted": r.deleted,
+        "capacity_allocation_ratio": _r(r.capacity_allocation_ratio),
         "gpu_allocation_ratio": _r(r.gpu_allocation_ratio),
         "memory_allocation_ratio": _r(r.memory_allocation_ratio),
+        "slot_allocation_ratio": _r(r.slot_allocation_ratio),
+        "peak_capacity_allocation_ratio": _r(r.peak_capacity_allocation_ratio),
         "peak_gpu_allocation_ratio": _r(r.peak_gpu_allocation_ratio),
         "peak_memory_allocation_ratio": _r(r.peak_memory_allocation_ratio),
+        "peak_slot_allocation_ratio": _r(r.peak_slot_allocation_ratio),
         "peak_time": r.peak_time,
         "arrived_gpu_demand": _r(r.arrived_gpu_demand, 3),
         "first_failure_arrival": _r(r.first_failure_arrival, 3),
@@ -165,12 +191,11 @@ def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
         "failure_reasons": dict(r.failure_reasons.most_common()),
         "warnings": dict(r.warnings.most_common()),
         "per_model": {
-            m: {
-                "cards": u.cards,
-                "gpu_allocation_ratio": _r(u.usedcores / u.devcore if u.devcore else 0.0),
-                "memory_allocation_ratio": _r(u.usedmem / u.devmem if u.devmem else 0.0),
-            }
-            for m, u in (r.per_model if r.mode is Mode.FILL else r.peak_per_model).items()
+            m: _figures_json(u) for m, u in (r.per_model if r.mode is Mode.FILL else r.peak_per_model).items()
+        },
+        "per_family": {
+            f: _figures_json(u)
+            for f, u in (r.per_family if r.mode is Mode.FILL else r.peak_per_family).items()
         },
     }
     if r.mode is Mode.TRACE:
@@ -180,8 +205,10 @@ def result_json(r: RunResult, workload: Workload) -> dict[str, Any]:
         out["allocation_at_arrival"] = [
             {
                 "arrival": c.arrival,
+                "capacity_allocation_ratio": _r(c.capacity_allocation_ratio),
                 "gpu_allocation_ratio": _r(c.gpu_allocation_ratio),
                 "memory_allocation_ratio": _r(c.memory_allocation_ratio),
+                "slot_allocation_ratio": _r(c.slot_allocation_ratio),
             }
             for c in r.checkpoints
         ]
@@ -223,12 +250,12 @@ def peak_reason(r: RunResult) -> str:
     when = "-" if r.peak_time is None else f"{r.peak_time:g} s"
     if not r.failed_gpu_pods:
         return (
-            f"peak {r.peak_gpu_allocation_ratio * 100:.2f}% at trace time {when}; no GPU pod was refused, so the "
+            f"peak capacity {r.peak_capacity_allocation_ratio * 100:.2f}% at trace time {when}; no GPU pod was refused, so the "
             "peak is what the trace asked for at that time, not a limit of the cluster"
         )
     top = r.failure_reasons.most_common(1)[0][0] if r.failure_reasons else "-"
     return (
-        f"peak {r.peak_gpu_allocation_ratio * 100:.2f}% at trace time {when}; {r.failed_gpu_pods} GPU pods were "
+        f"peak capacity {r.peak_capacity_allocation_ratio * 100:.2f}% at trace time {when}; {r.failed_gpu_pods} GPU pods were "
         f"refused over the trace, most often for {top}"
     )
 
@@ -244,7 +271,7 @@ def _where(at: Checkpoint | None) -> str:
     if at is None:
         return "at the end of the run"
     when = "" if at.time is None else f", trace time {at.time:g} s"
-    return f"at {at.arrival:g}% arrivals{when}, the checkpoint of highest GPU allocation"
+    return f"at {at.arrival:g}% arrivals{when}, the checkpoint of highest capacity taken"
 
 
 def _fragmentation_lines(results: Sequence[RunResult]) -> list[str]:
@@ -257,12 +284,12 @@ def _fragmentation_lines(results: Sequence[RunResult]) -> list[str]:
         head = ["policy", *(f"{m:g}%" for m in marks)]
         for title, cell in (
             (
-                "expected fragmentation at arrived demand: free GPU compute (cards) that no pod of the "
+                "expected fragmentation at arrived demand: free GPU capacity (cards) that no pod of the "
                 "learned workload could use",
                 lambda f: f"{f.fragmented:.1f}",
             ),
             (
-                "... as percent of the free GPU compute",
+                "... as percent of the free GPU capacity",
                 lambda f: "-" if f.ratio is None else f"{f.ratio * 100:.0f}",
             ),
         ):
@@ -274,10 +301,12 @@ def _fragmentation_lines(results: Sequence[RunResult]) -> list[str]:
     elif marks:
         lines += [
             "",
-            "expected fragmentation at the checkpoint of highest GPU allocation (cards, percent of free):",
+            "expected fragmentation at the checkpoint of highest capacity taken (cards, percent of free):",
         ]
         for r in results:
-            best = max((c for c in r.checkpoints if c.fragmentation), key=lambda c: c.gpu_allocation_ratio)
+            best = max(
+                (c for c in r.checkpoints if c.fragmentation), key=lambda c: c.capacity_allocation_ratio
+            )
             lines.append(
                 f"  {r.policy.label}: {_frag_cell(best)} at {best.arrival:g}% arrivals, trace time {best.time:g} s"
             )
@@ -301,9 +330,19 @@ def _frag_sum(f: ClusterFragmentation) -> str:
 
 
 def _node_table(title: str, nodes: Sequence[NodeFragmentation]) -> list[str]:
-    top = [x for x in top_nodes(list(nodes), TOP_NODES_TEXT) if x.fragmented > FRAGMENTED_CARDS]
+    closed = [x for x in nodes if x.cordoned]
+    apart = []
+    if closed:
+        # Cordoned nodes take no new pod: all their free capacity counts as fragmented, which would
+        # put them at the top; they are listed apart.
+        apart = [f"  cordoned (take no new pod, left out above): {len(closed)} nodes, "
+                 f"{sum(x.free for x in closed):.2f} free cards: " + ", ".join(x.node for x in top_nodes(closed, TOP_NODES_TEXT))
+                 + (", ..." if len(closed) > TOP_NODES_TEXT else "")]  # fmt: skip
+    top = [
+        x for x in top_nodes(list(nodes), TOP_NODES_TEXT, cordoned=False) if x.fragmented > FRAGMENTED_CARDS
+    ]
     if not top:
-        return ["", f"{title}: none"]
+        return ["", f"{title}: none", *apart]
     rows = [
         [
             x.node,
@@ -315,11 +354,58 @@ def _node_table(title: str, nodes: Sequence[NodeFragmentation]) -> list[str]:
         ]
         for x in top
     ]
-    return ["", f"{title}:", *_table(["node", "models", "cards", "free", "fragmented", "share"], rows)]
+    return [
+        "",
+        f"{title}:",
+        *_table(["node", "models", "cards", "free", "fragmented", "share"], rows),
+        *apart,
+    ]
+
+
+def failed_demand_pct(r: RunResult) -> float:
+    """The failed pods' GPU demand in percent of the cluster's GPU capacity (the unit of arrivals)."""
+    return r.failed_gpu_demand / r.gpu_capacity * 100 if r.gpu_capacity else 0.0
+
+
+def _alloc_cells(r: RunResult, fill: bool) -> list[str]:
+    if fill:
+        return [_pct(x) for x in (r.capacity_allocation_ratio, r.gpu_allocation_ratio,
+                                  r.memory_allocation_ratio, r.slot_allocation_ratio)]  # fmt: skip
+    return [_pct(x) for x in (r.peak_capacity_allocation_ratio, r.peak_gpu_allocation_ratio,
+                              r.peak_memory_allocation_ratio, r.peak_slot_allocation_ratio)]  # fmt: skip
+
+
+def _family_lines(results: Sequence[RunResult]) -> list[str]:
+    """Per vendor family, one row per policy (only for fleets of more than one family)."""
+    fill = results[0].mode is Mode.FILL
+    fams = sorted({f for r in results for f in (r.per_family if fill else r.peak_per_family)})
+    if len(fams) < 2:
+        return []
+    rows = []
+    for r in results:
+        per = r.per_family if fill else r.peak_per_family
+        for fam in fams:
+            u = per.get(fam)
+            if u is None:
+                continue
+            f = figures_of(u)
+            rows.append(
+                [
+                    r.policy.label,
+                    fam,
+                    str(u.cards),
+                    *(_pct(x) for x in (f.capacity, f.cores, f.memory, f.slots)),
+                ]
+            )
+    when = "at the end" if fill else "at the peak"
+    return ["", f"allocation per vendor family ({when}):",
+            *_table(["policy", "family", "cards", "capacity", "cores", "memory", "slots"], rows)]  # fmt: skip
 
 
 def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
-    """The human summary: what was replayed, one row per policy, allocation at arrivals, failure reasons."""
+    """The human summary: what was replayed, one row per policy (pods placed and failed, the failed GPU
+    demand, allocation by capacity, cores, memory and slots), allocation at arrivals, per vendor family,
+    fragmentation, failure reasons."""
     r0 = results[0]
     if r0.mode is Mode.FILL:
         what = f"fill mode: pods drawn with seed {r0.seed} until arrived GPU demand reached {r0.arrival_target:g}%"
@@ -333,8 +419,11 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
     ]
     # At the end of a trace every pod has left: the peak is the figure that says something there.
     fill = r0.mode is Mode.FILL
-    alloc = ["GPU alloc", "mem alloc"] if fill else ["peak GPU alloc", "peak mem alloc"]
-    header = ["policy", "pods", "scheduled", "failed", *alloc, "1st fail at", "p50 ms", "p99 ms", "time s"]
+    alloc = ["capacity", "cores", "memory", "slots"]
+    if not fill:
+        alloc = [f"peak {x}" for x in alloc]
+    header = ["policy", "pods", "scheduled", "failed", "GPU pods failed", "failed demand", *alloc,
+              "1st fail at", "p50 ms", "p99 ms", "time s"]  # fmt: skip
     rows = []
     for r in results:
         p50, p99 = r.decision_percentile_ms(50), r.decision_percentile_ms(99)
@@ -344,8 +433,9 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
                 str(r.pods),
                 str(r.scheduled),
                 str(r.failed),
-                _pct(r.gpu_allocation_ratio if fill else r.peak_gpu_allocation_ratio),
-                _pct(r.memory_allocation_ratio if fill else r.peak_memory_allocation_ratio),
+                str(r.failed_gpu_pods),
+                f"{failed_demand_pct(r):.1f}%",
+                *_alloc_cells(r, fill),
                 "-" if r.first_failure_arrival is None else f"{r.first_failure_arrival:.1f}%",
                 "-" if p50 is None else f"{p50:.2f}",
                 "-" if p99 is None else f"{p99:.2f}",
@@ -358,13 +448,15 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
         *(
             f"  {line}"
             for line in (
-                "pods: pods submitted (GPU and CPU-only); scheduled / failed: placed / refused (not retried)",
-                f"{alloc[0]} / {alloc[1]}: card cores / card memory held, percent of the cluster's"
+                "pods: pods submitted (GPU and CPU-only); scheduled / failed: placed / refused (not retried); "
+                "GPU pods failed: the refused pods that ask for GPUs",
+                "failed demand: the GPU demand of the refused pods, percent of the cluster's GPU capacity",
+                f"{alloc[0]}: the cards' capacity taken, per card the largest of its used cores, memory and slots "
+                "(what binds a card), averaged over the cards"
                 + (" (at the end of the run)" if fill else " (highest point of the trace)"),
+                "cores / memory / slots: card cores / card memory / sharer slots held, percent of the cluster's",
                 "1st fail at: arrived GPU demand (percent of GPU capacity) when the first GPU pod failed",
                 "p50 / p99 ms: the scheduler core's decision time per GPU pod; time s: the replay's wall time",
-                "fragmentation: free GPU compute (cards) that the learned workload could not use "
-                "(hami.fragmentation), measured the same way for every policy",
             )
         ),
     ]
@@ -372,14 +464,18 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
         for r in results:
             lines.append(f"  {r.policy.label}: {peak_reason(r)}")
     if r0.mode is Mode.FILL and r0.checkpoints:
-        lines += ["", "GPU allocation at arrived demand (percent of GPU capacity):"]
+        lines += [
+            "",
+            "capacity taken at arrived demand (percent of the cards' capacity; arrivals in percent of GPU capacity):",
+        ]
         marks = [c.arrival for c in r0.checkpoints]
         head = ["policy", *(f"{m:g}%" for m in marks)]
         body = []
         for r in results:
-            by = {c.arrival: c.gpu_allocation_ratio for c in r.checkpoints}
+            by = {c.arrival: c.capacity_allocation_ratio for c in r.checkpoints}
             body.append([r.policy.label, *(f"{by[m] * 100:.1f}" if m in by else "-" for m in marks)])
         lines += _table(head, body)
+    lines += _family_lines(results)
     lines += _fragmentation_lines(results)
     reasons = [(r.policy.label, r.failure_reasons.most_common(3)) for r in results if r.failure_reasons]
     if reasons:
@@ -437,7 +533,7 @@ def write_annotations(path: str | Path, results: Sequence[RunResult]) -> int:
 
 
 def write_node_fragmentation(path: str | Path, results: Sequence[RunResult]) -> int:
-    """Write every GPU node of every run (`NODE_FRAGMENTATION_COLUMNS`; cards of compute, ratio 0..1,
+    """Write every GPU node of every run (`NODE_FRAGMENTATION_COLUMNS`; cards of capacity, ratio 0..1,
     empty when nothing is free), most fragmented first per policy, after the rows of policy ``start``
     when the runs began with pods placed (the same start for every policy); returns the row count.
     Raises OSError."""
@@ -453,7 +549,7 @@ def write_node_fragmentation(path: str | Path, results: Sequence[RunResult]) -> 
                 ratio = x.ratio
                 w.writerow(
                     [label, x.node, x.models, x.cards, f"{x.free:.4f}", f"{x.fragmented:.4f}",
-                     "" if ratio is None else f"{ratio:.6f}"]
+                     "" if ratio is None else f"{ratio:.6f}", "true" if x.cordoned else "false"]
                 )  # fmt: skip
                 n += 1
     return n

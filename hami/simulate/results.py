@@ -83,26 +83,45 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """Allocation (ratios 0..1) when the arrived GPU demand reached `arrival` percent of capacity, at
-    trace time `time` (seconds; None in fill mode), and the cluster's expected fragmentation then
-    (`hami.simulate.fragmeter`; None on curve points, which are not measured)."""
+    """Allocation (ratios 0..1: cores, memory, slots and the capacity taken, `hami.simulate.allocation`)
+    when the arrived GPU demand reached `arrival` percent of capacity, at trace time `time` (seconds;
+    None in fill mode), and the cluster's expected fragmentation then (`hami.simulate.fragmeter`; None
+    on curve points, which are not measured)."""
 
     arrival: float
     gpu_allocation_ratio: float
     memory_allocation_ratio: float
     time: float | None = None
     fragmentation: ClusterFragmentation | None = None
+    slot_allocation_ratio: float = 0.0
+    capacity_allocation_ratio: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class ModelUsage:
-    """Per card model: cards, cores (percent) and memory (MiB), total and used."""
+    """Per card model (or vendor family): cards, cores (percent), memory (MiB) and sharer slots, total
+    and used, and `taken`: the cards' capacity taken, in cards (per card the largest of its used
+    shares of cores, memory and slots, summed)."""
 
     cards: int
     devcore: int
     usedcores: int
     devmem: int
     usedmem: int
+    slots: int = 0
+    usedslots: int = 0
+    taken: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """Allocation of a set of cards, ratios 0..1: `cores` (used / registered cores), `memory` (MiB),
+    `slots` (sharers) and `capacity` (the mean over the cards of the largest of the three)."""
+
+    cores: float = 0.0
+    memory: float = 0.0
+    slots: float = 0.0
+    capacity: float = 0.0
 
 
 @dataclass(slots=True)
@@ -120,12 +139,23 @@ class RunResult:
     scheduled: int = 0
     failed: int = 0
     failed_gpu_pods: int = 0
+    #: GPU demand of the failed pods, in cards (num_gpu x share for openb pods).
+    failed_gpu_demand: float = 0.0
     deleted: int = 0
+    #: At the end: used cores / registered cores, MiB, slots, and the cards' capacity taken (the
+    #: headline: per card the largest of the three, `hami.simulate.allocation`).
     gpu_allocation_ratio: float = 0.0
     memory_allocation_ratio: float = 0.0
+    slot_allocation_ratio: float = 0.0
+    capacity_allocation_ratio: float = 0.0
+    #: The highest of each during the run; `peak_time` is when the capacity taken was highest.
     peak_gpu_allocation_ratio: float = 0.0
     peak_memory_allocation_ratio: float = 0.0
+    peak_slot_allocation_ratio: float = 0.0
+    peak_capacity_allocation_ratio: float = 0.0
     peak_time: float | None = None
+    #: The cluster's GPU capacity in cards (registered cores / 100), the unit of arrivals.
+    gpu_capacity: float = 0.0
     arrived_gpu_demand: float = 0.0
     first_failure_arrival: float | None = None
     elapsed_s: float = 0.0
@@ -136,6 +166,11 @@ class RunResult:
     warnings: Counter[str] = field(default_factory=Counter)
     per_model: dict[str, ModelUsage] = field(default_factory=dict)
     peak_per_model: dict[str, ModelUsage] = field(default_factory=dict)
+    #: Per vendor family (`hami.simulate.allocation.families`), at the end and at the peak.
+    per_family: dict[str, ModelUsage] = field(default_factory=dict)
+    peak_per_family: dict[str, ModelUsage] = field(default_factory=dict)
+    #: The allocation before the first arrival (the pods already placed; zeros from empty cards).
+    start_allocation: Figures | None = None
     decision_s: list[float] = field(default_factory=list)
     placements: list[Placement] | None = None
     #: (pod name, annotations the extender would patch onto it) per scheduled GPU pod, when asked.

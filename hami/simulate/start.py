@@ -119,6 +119,7 @@ class Start:
     source: str = ""
     from_empty: bool = False
     replayed: int = 0  # placed pods not kept because the trace replays them
+    capacity_allocation_ratio: float = 0.0  # per card the largest of cores, memory and slots taken
 
     def json(self) -> dict[str, Any]:
         return {
@@ -130,6 +131,7 @@ class Start:
             "pods_on_cards": self.card_pods,
             "cards_used": self.cards_used,
             "cards": self.cards,
+            "capacity_allocation_ratio": round(self.capacity_allocation_ratio, 6),
             "gpu_allocation_ratio": round(self.gpu_allocation_ratio, 6),
             "memory_allocation_ratio": round(self.memory_allocation_ratio, 6),
         }
@@ -147,8 +149,8 @@ class Start:
         line = (
             f"start: {self.pods} {'pod' if self.pods == 1 else 'pods'} already placed and kept in place "
             f"({self.card_pods} on cards) from "
-            f"{self.source}: {self.cards_used} of {self.cards} GPUs in use, GPU {self.gpu_allocation_ratio * 100:.2f}%, "
-            f"memory {self.memory_allocation_ratio * 100:.2f}% allocated"
+            f"{self.source}: {self.cards_used} of {self.cards} GPUs in use, capacity {self.capacity_allocation_ratio * 100:.2f}%, "
+            f"cores {self.gpu_allocation_ratio * 100:.2f}%, memory {self.memory_allocation_ratio * 100:.2f}% allocated"
         )
         if self.skipped:
             line += f"; {self.skipped} placed pods skipped (their node is not in the input)"
@@ -180,6 +182,7 @@ def summarise(
     state = result.state
     assert state is not None
     gpu, mem, _ = card_allocation(state)
+    taken = result.start_allocation.capacity if result.start_allocation is not None else 0.0
     stats = state.card_stats()
     used = sum(1 for s in stats if s.usedmem or s.usedcores or s.used)
     return Start(
@@ -193,6 +196,7 @@ def summarise(
         source=source,
         from_empty=from_empty,
         replayed=replayed,
+        capacity_allocation_ratio=taken,
     )
 
 

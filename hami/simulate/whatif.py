@@ -141,6 +141,8 @@ class Outcome:
     stopped_by: str | None
     gpu_allocation_ratio: float
     memory_allocation_ratio: float
+    #: The cards' capacity taken after them (per card the largest of cores, memory and slots).
+    capacity_allocation_ratio: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +184,14 @@ def what_if(
         stopped = r.failure_reasons.most_common(1)[0][0] if r.failed else None
         outcomes.append(
             Outcome(
-                policy, r.scheduled, r.failed == 0, stopped, r.gpu_allocation_ratio, r.memory_allocation_ratio
-            )
+                policy,
+                r.scheduled,
+                r.failed == 0,
+                stopped,
+                r.gpu_allocation_ratio,
+                r.memory_allocation_ratio,
+                r.capacity_allocation_ratio,
+            )  # fmt: skip
         )
         if done is not None:
             done(outcomes[-1], r.elapsed_s)
@@ -212,6 +220,7 @@ def answers_json(
                         "vs_current": a.difference(o),
                         "capped": o.capped,
                         "stopped_by": o.stopped_by,
+                        "capacity_allocation_ratio": round(o.capacity_allocation_ratio, 6),
                         "gpu_allocation_ratio": round(o.gpu_allocation_ratio, 6),
                         "memory_allocation_ratio": round(o.memory_allocation_ratio, 6),
                     }
@@ -255,20 +264,22 @@ def answers_text(
     ]
     for a in answers:
         lines += ["", f"shape {a.shape.text}:"]
-        header = ["policy", "pods fit", "vs current", "GPU alloc", "mem alloc", "stopped by"]
+        header = ["policy", "pods fit", "vs current", "capacity", "cores", "memory", "stopped by"]
         rows = []
         for o in a.outcomes:
             diff = a.difference(o)
             vs = "(current)" if o.policy.label == a.current else f"{diff:+d}"
             fit = f">={o.fit}" if o.capped else str(o.fit)
             stopped = f"cap of {a.cap} pods" if o.capped else (o.stopped_by or "-")
-            rows.append([o.policy.label, fit, vs, f"{o.gpu_allocation_ratio * 100:.2f}%",
-                         f"{o.memory_allocation_ratio * 100:.2f}%", stopped])  # fmt: skip
+            rows.append([o.policy.label, fit, vs, f"{o.capacity_allocation_ratio * 100:.2f}%",
+                         f"{o.gpu_allocation_ratio * 100:.2f}%", f"{o.memory_allocation_ratio * 100:.2f}%",
+                         stopped])  # fmt: skip
         lines += _table(header, rows)
     lines += [
         "",
         "pods fit: pods of the shape placed from the start state before the first refusal; vs current: "
-        "pods more (+) or fewer (-) than the current policy; GPU/mem alloc: of all cards after them; "
+        "pods more (+) or fewer (-) than the current policy; capacity: the cards' capacity taken after them "
+        "(per card the largest of cores, memory and slots); cores/memory: of all cards after them; "
         "stopped by: the first refused pod's most common reason",
     ]
     return "\n".join(lines)
@@ -317,7 +328,9 @@ def run_what_if(
     current, where = current_policy(args.current_policy, config)
 
     def done(o: Outcome, seconds: float) -> None:
-        stderr.write(f"what-if {o.policy.label}: {o.fit} pod{'' if o.fit == 1 else 's'} fit ({seconds:.1f} s)\n")
+        stderr.write(
+            f"what-if {o.policy.label}: {o.fit} pod{'' if o.fit == 1 else 's'} fit ({seconds:.1f} s)\n"
+        )
         stderr.flush()
 
     answers = [

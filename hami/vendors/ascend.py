@@ -404,8 +404,10 @@ class AscendVendor(C.ShareVendor):
                     modules.setdefault(d.index // 2, []).append(d)
             chosen = [d for m in modules.values() for d in sorted(m, key=lambda d: d.index)][: req.nums]
             if len(chosen) != req.nums:
-                # HAMi reports "<got>/<nums>"; the denominator here is the node's card count.
-                return C.insufficient(reasons, len(chosen))
+                # HAMi reports "<got>/<nums> AllocatedCardsInsufficientRequest" even when no whole
+                # module is free (got 0); here the fitting chips that made no whole module are counted,
+                # over the node's card count, so the reason is never empty.
+                return C.insufficient(reasons, len(ordered))
             return [C.take(d, req, req.memory_on(d), cores) for d in chosen], reasons
         if len(ordered) < req.nums:
             return C.insufficient(reasons, len(ordered))

@@ -318,7 +318,9 @@ class DRSVendor(C.ShareVendor):
         R = C.fitmod.Reason
         profiles = next((d.profiles for d in cards if isinstance(d, DRSDevice)), ())
         prof = self.pick_profile(req, profiles)
-        if prof is None:
+        if prof is None or prof.mem_gb <= 0:
+            # HAMi: no profile, or a profile whose memory is out of range (its name's "<M>gb" part
+            # unreadable, read as 0) -> ModeNotFit; a partition of 0 MiB is never placed.
             return None, Counter({R.MODE_NOT_FIT: 1})
         mem = prof.mem_gb * 1024
         reasons: Counter = Counter()

@@ -496,7 +496,12 @@ def test_summary_explains_its_columns_and_the_trace_peak():
         "  1st fail at: arrived GPU demand (percent of GPU capacity) when the first GPU pod failed"
         in p.stdout
     )
-    assert "GPU alloc / mem alloc: card cores / card memory held" in p.stdout
+    assert "cores / memory / slots: card cores / card memory / sharer slots held" in p.stdout
+    assert (
+        "capacity: the cards' capacity taken, per card the largest of its used cores, memory and slots"
+        in p.stdout
+    )
+    assert "failed demand: the GPU demand of the refused pods" in p.stdout
     t = hami("simulate", *SMALL, "--mode", "trace")
     assert t.returncode == 0, t.stderr
     peak = [x for x in t.stdout.splitlines() if x.startswith("  binpack/spread: peak ")]
@@ -524,3 +529,19 @@ def test_a_node_with_an_unreadable_registration_is_left_out_with_a_warning(tmp_p
     assert p.stderr.splitlines()[0].endswith("its NVIDIA cards are left out")
     run = json.loads(p.stdout)
     assert (run["nodes"], run["gpus"]) == (2, 1)  # the node stays, without its cards
+
+
+def test_restate_replays_the_generated_workload_as_hami_requests(tmp_path):
+    p = hami("simulate", *SMALL, "--restate", "gpumem", "--json", "--compare", "binpack,fragmentation")
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    assert j["binpack"]["pods_source"] == "built-in generator (seed 0, 200 pods) restated as gpumem (seed 0)"
+    # memory-only shares and whole cards take no cores; the capacity they take is counted
+    for r in j.values():
+        assert r["gpu_allocation_ratio"] == 0 and r["capacity_allocation_ratio"] > 0.5
+    yaml_pods = tmp_path / "pods.yaml"
+    yaml_pods.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: c}]}\n")
+    bad = hami("simulate", *SMALL, "--pods", str(yaml_pods), "--restate", "hami")
+    assert bad.returncode == 2 and "--restate: " in bad.stderr and "Kubernetes YAML" in bad.stderr
+    bad = hami("simulate", *SMALL, "--restate", "cores")
+    assert bad.returncode == 2 and "--restate: 'cores' is not a variant; valid: hami, gpumem" in bad.stderr

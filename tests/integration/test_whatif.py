@@ -85,6 +85,8 @@ def test_what_if_counts_the_pods_of_a_shape_per_policy_from_the_live_state(
         "from_empty": False, "replayed_by_trace": 0, "source": "cluster", "placed_pods": 1, "skipped_pods": 0,
         "pods_on_cards": 1, "cards_used": 2, "cards": 6, "gpu_allocation_ratio": 0.1,
         "memory_allocation_ratio": round(8000 / 60000, 6),
+        # each held card: 4000 of 10000 MiB binds it (more than its 30 % of cores)
+        "capacity_allocation_ratio": round(2 * 0.4 / 6, 6),
     }  # fmt: skip
     assert _fits(res) == {"binpack/spread": (5, 0), "binpack": (3, -2), "spread": (5, 0)}
     (one,) = res["what_if"]
@@ -93,6 +95,7 @@ def test_what_if_counts_the_pods_of_a_shape_per_policy_from_the_live_state(
     assert spread["capped"] is False and spread["stopped_by"] == "CardInsufficientMemory"
     # 5 pods x 2 cards x 30 % + the held 60 % of 600 %; 40000 + 8000 of 60000 MiB.
     assert (spread["gpu_allocation_ratio"], spread["memory_allocation_ratio"]) == (0.6, 0.8)
+    assert spread["capacity_allocation_ratio"] == 0.8  # memory binds every card
     assert one["policies"]["binpack"]["gpu_allocation_ratio"] == 0.4  # (3 x 60 + 60) / 600
 
     code, empty = _json("simulate", "--from-cluster", "--kubeconfig", kubeconfig, "--what-if-shape", SHAPE,

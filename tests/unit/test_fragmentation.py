@@ -102,6 +102,15 @@ def test_packed_measure_counts_residues_and_cpu_starved_cards():
     s = WHOLE._replace(cpu=8000)
     assert packed_fragmentation(four, look({}), {s: 1.0}, cpu_free=10000) == pytest.approx(3.0)
     assert packed_fragmentation(four, look({}), {s: 1.0}) == 0
+    # The CPU term: 4 idle cards and 24 cores at 12 cores per card of the workload: 2 cards it cannot feed.
+    assert (
+        packed_fragmentation(four, look({}), {WHOLE: 1.0}, cpu_free=24000, cpu_weight=0.5, cpu_per_card=12000)
+        == 1.0
+    )
+    assert (
+        packed_fragmentation(four, look({}), {WHOLE: 1.0}, cpu_free=96000, cpu_weight=0.5, cpu_per_card=12000)
+        == 0
+    )
     # For whole cards without a CPU limit it is the paper's measure.
     u = look({"GPU-1": used(70), "GPU-2": used(100)})
     dist = {WHOLE: 0.6, TWO: 0.4}
@@ -148,7 +157,9 @@ def test_memoised_value_and_delta_equal_a_full_recomputation(weights, ops, cpu):
                 held.append((d.uuid, s.mem_on(d.devmem), s.cores))
         get = usage_of(usage)
         ref_cpu = math.inf if cpu is None else cpu
-        assert model.node_value(devs, get, cpu) == pytest.approx(packed_fragmentation(devs, get, dist, ref_cpu))
+        assert model.node_value(devs, get, cpu) == pytest.approx(
+            packed_fragmentation(devs, get, dist, ref_cpu)
+        )
     # The placement delta of a single-card shape is the best card's recomputed increase.
     get = usage_of(usage)
     for s in SHAPES:
@@ -163,7 +174,9 @@ def test_memoised_value_and_delta_equal_a_full_recomputation(weights, ops, cpu):
             after[d.uuid] = DeviceUsage(u.used + 1, u.usedmem + s.mem_on(d.devmem), u.usedcores + s.cores)
             c0 = math.inf if cpu is None else cpu
             c1 = math.inf if cpu is None else cpu - s.cpu
-            x = packed_fragmentation(devs, usage_of(after), dist, c1) - packed_fragmentation(devs, get, dist, c0)
+            x = packed_fragmentation(devs, usage_of(after), dist, c1) - packed_fragmentation(
+                devs, get, dist, c0
+            )
             best = x if best is None else min(best, x)
         got = model.placement_delta(devs, get, s, cpu)
         assert (got is None) == (best is None)
@@ -258,7 +271,11 @@ def reg_node(name: str, cards: list[Device], cpu: str = "64") -> dict:
 
 
 def share_pod(uid: str, pct: int, cpu: str = "1") -> dict:
-    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpucores": str(pct), "nvidia.com/gpumem-percentage": str(pct)}
+    limits = {
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpucores": str(pct),
+        "nvidia.com/gpumem-percentage": str(pct),
+    }
     return {
         "metadata": {"name": uid, "namespace": "default", "uid": uid, "annotations": {}},
         "spec": {
@@ -282,7 +299,7 @@ def test_fragmentation_fills_the_gap_a_share_fits_best():
     assert cs.filter(share_pod("p1", 50), ["a", "b"]).node in ("a", "b")
     first = cs.usage_snapshot()
     second = cs.filter(share_pod("p2", 50), ["a", "b"])
-    (node, cards), = ((n, c) for n, c in first.items() if c)
+    ((node, cards),) = ((n, c) for n, c in first.items() if c)
     assert second.node == node
     assert cs.usage_snapshot()[node] == {next(iter(cards)): (2, 16384, 100)}
 
@@ -291,7 +308,9 @@ def test_fragmentation_keeps_cpu_for_the_cards_of_a_node():
     cs = frag_state()
     # Node "rich" has one card and plenty of CPU; node "tight" two cards and CPU for about one pod.
     cs.upsert_node(reg_node("rich", [Device("r0", 0, 10, 16384, 100, "NVIDIA-T4")], cpu="64"))
-    cs.upsert_node(reg_node("tight", [Device(f"t{i}", i, 10, 16384, 100, "NVIDIA-T4") for i in range(2)], cpu="9"))
+    cs.upsert_node(
+        reg_node("tight", [Device(f"t{i}", i, 10, 16384, 100, "NVIDIA-T4") for i in range(2)], cpu="9")
+    )
     for i in range(50):  # learn a workload of 8-core whole-card pods
         cs.fragmentation.observe([WHOLE._replace(cpu=8000)], uid=f"seen-{i}")
     cs.fragmentation._set_active(cs.fragmentation.histogram.distribution())
@@ -343,6 +362,99 @@ def test_a_rebuild_relearns_the_workload_from_the_listed_pods():
     shape = Shape(1, 3000, 0, 30)
     fresh = ClusterState()
     assert shape not in fresh.fragmentation.active  # the prior only
-    live = {**p, "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}}}
+    live = {
+        **p,
+        "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}},
+    }
     fresh.rebuild([node("n", cards("n", 2))], [{**live, "status": {"phase": "Running"}}])
     assert fresh.fragmentation.active[shape] > 0.5  # one live pod outweighs the prior of 8
+
+
+# ----------------------------------------------------------------------------------------------
+# requests in the shapes HAMi users send: memory only, memory and cores, whole cards
+
+MEM6 = Shape(1, 6144, 0, 0)  # nvidia.com/gpumem: 6144, no gpucores (HAMi's default: 0 cores)
+
+
+def test_a_memory_only_request_counts_the_memory_it_leaves():
+    one = [card(0)]  # 16384 MiB, 10 slots
+    # The card's memory is all taken (no cores): nothing is free, so nothing is fragmented.
+    full = look({"GPU-0": DeviceUsage(2, 16384, 0)})
+    assert packed_fragmentation(one, full, {MEM6: 1.0}) == 0
+    # An idle card takes two 6144 MiB containers; the 4096 MiB left is a quarter card lost to the shape.
+    assert packed_fragmentation(one, look({}), {MEM6: 1.0}) == pytest.approx(0.25)
+    # The memoised path says the same.
+    model = FragmentationModel(WorkloadHistogram({MEM6: 1.0}, prior_weight=1))
+    assert model.node_value(one, full) == 0
+    assert model.node_value(one, look({})) == pytest.approx(0.25)
+
+
+def test_a_card_is_bound_by_the_largest_of_its_cores_memory_and_slots():
+    one = [card(0, count=4)]
+    share = Shape(1, 0, 25, 25)
+    # Four 10 % pods took every slot: the card takes no more pods, its free capacity is none.
+    assert packed_fragmentation(one, look({"GPU-0": DeviceUsage(4, 6553, 40)}), {share: 1.0}) == 0
+    # Cores 20 % and memory 60 % taken: 0.4 of the card is free; a 50 %-cores, 10 %-memory share fits
+    # once and raises the card to 70 % cores: 0.3 is left that the shape cannot use.
+    u = look({"GPU-0": DeviceUsage(1, 16384 * 60 // 100, 20)})
+    assert packed_fragmentation(one, u, {Shape(1, 0, 10, 50): 1.0}) == pytest.approx(0.3, abs=1e-6)
+
+
+def test_memory_only_pods_are_placed_where_their_memory_fits_best():
+    cs = frag_state()
+    for name in ("a", "b"):
+        cs.upsert_node(reg_node(name, [Device(f"{name}0", 0, 10, 16384, 100, "NVIDIA-T4")]))
+
+    def mem_pod(uid: str, mib: int) -> dict:
+        limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": str(mib)}
+        return {
+            "metadata": {"name": uid, "namespace": "default", "uid": uid, "annotations": {}},
+            "spec": {"schedulerName": "hami-scheduler",
+                     "containers": [{"name": "c", "resources": {"limits": limits, "requests": {"cpu": "1"}}}]},
+        }  # fmt: skip
+
+    assert cs.filter(mem_pod("held", 4096), ["a"]).node == "a"
+    model = cs.fragmentation
+    model._set_active({Shape(1, 12288, 0, 0, (), 1000): 0.5, Shape(1, 4096, 0, 0, (), 1000): 0.5})
+    # A 4096 MiB pod on a's card would leave 8192 MiB there, where no 12288 MiB pod fits: it opens b.
+    assert cs.filter(mem_pod("small", 4096), ["a", "b"]).node == "b"
+    # So both 12288 MiB pods that follow fit.
+    assert {cs.filter(mem_pod(f"big{i}", 12288), ["a", "b"]).node for i in range(2)} == {"a", "b"}
+
+
+def test_a_memory_only_shape_is_weighted_by_the_card_share_it_takes():
+    m = FragmentationModel(WorkloadHistogram({}, prior_weight=0))  # no card registered: a 16 GiB card
+    m.observe([Shape(1, 8192, 0, 0)], uid="half")
+    m.observe([WHOLE], uid="whole")
+    # Half a card's memory weighs 1 / 0.5^2 = 4 against a whole card's 1 (not 1 / 0.01^2 for "no cores").
+    assert m.histogram.distribution()[Shape(1, 8192, 0, 0)] == pytest.approx(4 / 5, rel=1e-3)
+    # Measured on the fleet's most common card once nodes register: 8192 of 32768 MiB is a quarter.
+    m.note_cards([card(i, mib=32768) for i in range(3)] + [card(9)])
+    m.observe([Shape(1, 8192, 0, 0)], uid="quarter")
+    assert m.histogram.weights[Shape(1, 8192, 0, 0)] == pytest.approx(4 + 16, rel=1e-3)
+
+
+def test_each_vendor_is_measured_under_its_own_shapes():
+    from hami.simulate.fragmeter import FragmentationMeter
+    from tests.vendor_fleet import ASCEND_910B3, CONFIG, node
+
+    cs = ClusterState(config=CONFIG)
+    cs.upsert_node(reg_node("gpu", [Device("g0", 0, 10, 16384, 100, "NVIDIA-T4")]))
+    cs.upsert_node(node("npu", annotations={"hami.io/node-register-Ascend910B3": ASCEND_910B3}))
+    model = cs.fragmentation
+    model._set_active({HALF._replace(cpu=1000): 1.0})  # NVIDIA half cards only, as learned
+    # The idle Ascend chips are not fragments of NVIDIA pods: no Ascend pod was seen, so they are
+    # measured under the prior (as memory shares), whose 1- and 2-chip shapes they serve; only its 4-
+    # and 8-chip shapes (0.05 and 0.07 of it) cannot run on the 2-chip node, and a 75 % share leaves a
+    # quarter of each chip (0.05 of it).
+    meter = FragmentationMeter(cs)
+    meter.measure()
+    free, frag = meter.last["npu"]
+    assert free == 2.0 and frag == pytest.approx(2.0 * (0.05 + 0.07) + 0.5 * 0.05)
+    assert meter.last["gpu"] == (1.0, 0.0)
+    # An Ascend shape learned next to the NVIDIA ones is measured on the Ascend chips only, with its
+    # popularity normalised within the vendor: a 3-chip request cannot run on a 2-chip node.
+    model._set_active({HALF: 0.9, Shape(3, 0, 100, 100, vendor="Ascend910B3"): 0.1})
+    meter.measure()
+    assert meter.last["npu"] == (2.0, 2.0)
+    assert meter.last["gpu"] == (1.0, 0.0)

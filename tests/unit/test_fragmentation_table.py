@@ -16,7 +16,14 @@ from hypothesis import strategies as st
 from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.config import DeviceConfig
-from hami.fragmentation import FragmentationModel, Shape, WorkloadHistogram, packed_fragmentation, usage_of
+from hami.fragmentation import (
+    FragmentationModel,
+    Shape,
+    VendorMeasure,
+    WorkloadHistogram,
+    packed_fragmentation,
+    usage_of,
+)
 from hami.fragmentation_table import NodeTermTable
 from hami.model import Device
 
@@ -39,25 +46,33 @@ def model_of(weights: list[int]) -> FragmentationModel:
     )
 
 
+@pytest.mark.parametrize("cpu_weight", [0.0, 1.0, 2.5])
 @pytest.mark.parametrize("n", [1, 2, 3, 17, 300])
-def test_vectorised_value_is_the_scalar_value_bit_for_bit(n):
+def test_vectorised_value_is_the_scalar_value_bit_for_bit(n, cpu_weight):
     rng = random.Random(n)
     model = model_of([rng.randint(1, 9) for _ in SHAPES])
+    measure = model.of("NVIDIA")
+    measure.cpu_weight, measure.cpu_per_card = cpu_weight, 13_700.0  # the CPU term, when weighted
     table = NodeTermTable(model, "NVIDIA")
     free = [rng.randint(0, 800) / 100 for _ in range(n)]
     k = [[rng.randint(0, 40) for _ in SHAPES] for _ in range(n)]
+    # the capacity the room would take: none where there is no room, else up to the node's free capacity
+    use = [[0.0 if kk == 0 else rng.randint(1, 800) / 100 for kk in row] for row in k]
     cpu = [rng.choice([None, 0, -500, rng.randint(1, 96000)]) for _ in range(n)]
     # gathered from wider columns in a shuffled order, as the filter gathers its candidates' columns
     where = rng.sample(range(2 * n), n)
     wide = np.zeros((len(SHAPES), 2 * n), dtype=np.int32)
     wide[:, where] = np.array(k, dtype=np.int32).T
+    wide_use = np.zeros((len(SHAPES), 2 * n))
+    wide_use[:, where] = np.array(use).T
     got = table.values(
         np.array(free),
         wide[:, where],
+        wide_use[:, where],
         np.array([c or 0 for c in cpu], dtype=np.int64),
         np.array([c is not None for c in cpu]),
     )
-    want = [model.value_of(f, kk, c) for f, kk, c in zip(free, k, cpu, strict=True)]
+    want = [model.value_of(f, kk, uu, c) for f, kk, uu, c in zip(free, k, use, cpu, strict=True)]
     assert got.tolist() == want  # exact: the policy's ties depend on it
 
 
@@ -105,15 +120,16 @@ def frag_state() -> ClusterState:
 
 
 def scalar_key(model: FragmentationModel, n, shape: Shape) -> float:
-    """The node's key recomputed from scratch with a model that has no memo (the scalar path)."""
-    fresh = FragmentationModel()
-    fresh._set_active(dict(model.active))
+    """The node's key recomputed from scratch with a measure that has no memo (the scalar path)."""
+    live = model.of("NVIDIA")
+    fresh = VendorMeasure(live.dist, cpu_weight=live.cpu_weight, cpu_per_card=live.cpu_per_card)
     devs, look, cpu = n.devices.get("NVIDIA", ()), usage_of(n.usage), n.cpu_free()
     before = fresh.value_of(*fresh.node_terms(devs, look), cpu)
     # the scalar path agrees with the measure's definition
     assert before == pytest.approx(
-        packed_fragmentation(devs, look, model.active, math.inf if cpu is None else cpu)
-    )
+        packed_fragmentation(devs, look, live.dist, math.inf if cpu is None else cpu,
+                             cpu_weight=live.cpu_weight, cpu_per_card=live.cpu_per_card)
+    )  # fmt: skip
     move = fresh.gpu_move(devs, look, shape._replace(cpu=0))
     if move is None:
         return math.inf
@@ -162,7 +178,7 @@ def test_columns_kept_up_to_date_equal_a_full_recomputation(weights, ops):
         # after every change, every shape's keys from the columns equal the recomputed ones
         nodes = [cs._nodes[x] for x in names]
         for s in SHAPES:
-            keys = cs._fragmentation_keys(nodes, {"NVIDIA": (s,)})
+            keys = cs._fragmentation_keys(nodes, {"NVIDIA": (s,)}).entries()
             for key, name, n in keys:
                 want = scalar_key(model, n, s)
                 assert name == n.name
@@ -176,3 +192,21 @@ def test_columns_kept_up_to_date_equal_a_full_recomputation(weights, ops):
     live_sids = {int(table._sid[table._slot[x]]) for x in names}
     assert sum(table._refs[i] for i in live_sids) == len(names)
     assert all(table._refs[i] == 0 for i in table._spare)
+
+
+def test_the_key_order_pops_nodes_as_a_heap_of_every_candidate_would():
+    from hami.node_order import _KeyOrder, _Node
+
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 12)
+        nodes = [_Node(f"n{rng.randint(0, 99):02d}-{i}") for i in range(n)]
+        keys = np.array([rng.choice([0.0, -0.5, 1.25, math.inf]) for _ in range(n)])
+        scores = [float(rng.randint(0, 3)) for _ in range(n)]
+        entries = [((k, -s), x) for k, s, x in zip(keys.tolist(), scores, nodes, strict=True)]
+        want = [x.name for _, x in sorted(entries, key=lambda e: (e[0], e[1].name))]
+        order = _KeyOrder(nodes, keys, scores)
+        got = []
+        while order:
+            got.append(order.pop().name)
+        assert got == want

@@ -13,6 +13,7 @@ from hami.scoring import NodePolicy
 from hami.simulate import engine
 from hami.simulate.candidates import PolicyOrder, Refusals
 from hami.simulate.engine import Mode, parse_policy, run
+from hami.simulate.fragorder import FragmentationOrder
 from hami.simulate.generate import generate_default
 
 CFG = DeviceConfig()
@@ -24,10 +25,14 @@ def _run(workload, policy, mode, *, narrowed, monkeypatch, first=None):
             m.setattr(engine._Replay, "_plan", lambda self, obj, kind: None)
         if first is not None:
             m.setattr(PolicyOrder.split, "__defaults__", (first,))
+            m.setattr(FragmentationOrder.split, "__defaults__", (first,))
         return run(workload, config=CFG, policy=parse_policy(policy), mode=mode, seed=3, placements=True)
 
 
-@pytest.mark.parametrize("policy", ["binpack", "spread", "binpack/spread", "spread/binpack"])
+@pytest.mark.parametrize(
+    "policy",
+    ["binpack", "spread", "binpack/spread", "spread/binpack", "fragmentation", "fragmentation/binpack"],
+)
 @pytest.mark.parametrize("mode", [Mode.FILL, Mode.TRACE])
 def test_same_placements_and_failure_reasons_as_one_call_with_every_node(policy, mode, monkeypatch):
     w = generate_default(config=CFG, seed=2, nodes=60, pods=900)
@@ -46,7 +51,8 @@ def test_same_placements_and_failure_reasons_as_one_call_with_every_node(policy,
     assert any(p.reason.startswith("0/") for p in whole.placements)
 
 
-def test_the_narrowed_replay_hands_the_filter_few_names(monkeypatch):
+@pytest.mark.parametrize("policy", ["binpack", "fragmentation"])
+def test_the_narrowed_replay_hands_the_filter_few_names(policy, monkeypatch):
     w = generate_default(config=CFG, seed=2, nodes=200, pods=900)
     sizes = []
     real = engine.ClusterState.filter
@@ -56,7 +62,7 @@ def test_the_narrowed_replay_hands_the_filter_few_names(monkeypatch):
         return real(self, pod, node_names, **kw)
 
     monkeypatch.setattr(engine.ClusterState, "filter", counting)
-    r = run(w, config=CFG, policy=parse_policy("binpack"), mode=Mode.FILL, seed=1)
+    r = run(w, config=CFG, policy=parse_policy(policy), mode=Mode.FILL, seed=1)
     gpu_calls = r.gpu_pods
     assert len(sizes) >= gpu_calls
     # Most calls get the first few nodes; only a few get the next ones.

@@ -115,7 +115,10 @@ def reference(state, nodes, cpu_free):
         usage = {u: DeviceUsage(*t) for u, t in snap.get(n.name, {}).items()}
         look = fragmentation.usage_of(usage)
         memo += model.node_value(n.cards, look, cpu_free[n.name])
-        total += fragmentation.packed_fragmentation(n.cards, look, model.active, cpu_free[n.name])
+        m = model.of("NVIDIA")
+        total += fragmentation.packed_fragmentation(
+            n.cards, look, m.dist, cpu_free[n.name], cpu_weight=m.cpu_weight, cpu_per_card=m.cpu_per_card
+        )
     return memo, total
 
 
@@ -213,7 +216,7 @@ def test_summary_text_shows_fragmentation_over_arrivals_and_the_nodes():
     text = summary_text([r], small_workload())
     lines = text.splitlines()
     k = lines.index(
-        "expected fragmentation at arrived demand: free GPU compute (cards) that no pod of the learned "
+        "expected fragmentation at arrived demand: free GPU capacity (cards) that no pod of the learned "
         "workload could use:"
     )
     assert lines[k + 1].split()[:3] == ["policy", "10%", "20%"]
@@ -290,11 +293,11 @@ def test_trace_node_table_is_taken_at_the_checkpoint_of_highest_allocation_and_j
     (row,) = r.node_fragmentation
     assert (row.node, row.free) == ("a", best.fragmentation.free) and round(row.free, 6) == 0.5
     j = result_json(r, trace_workload())
-    assert j["peak_reason"].startswith("peak 75.00% at trace time 10 s; 1 GPU pods were refused")
+    assert j["peak_reason"].startswith("peak capacity 75.00% at trace time 10 s; 1 GPU pods were refused")
     assert j["fragmentation"]["nodes"]["at"] == {"arrival": best.arrival, "time": best.time}
     assert j["failure_reasons"] == dict(r.failure_reasons) and sum(j["failure_reasons"].values()) == 1
     text = summary_text([r], trace_workload())
-    assert "  binpack: peak 75.00% at trace time 10 s; 1 GPU pods were refused" in text
+    assert "  binpack: peak capacity 75.00% at trace time 10 s; 1 GPU pods were refused" in text
 
 
 def test_a_run_with_pods_placed_reports_the_start_once(tmp_path):
@@ -328,7 +331,8 @@ def test_a_run_with_pods_placed_reports_the_start_once(tmp_path):
     assert start is not None and r.state.usage_snapshot()["n0"] == {uuid: (1, 12000, 75)}
     memo, scratch = reference(r.state, ns, {"n0": 6000, "n1": 8000})
     assert abs(start.fragmented - memo) < 1e-9 and abs(start.fragmented - scratch) < 1e-6
-    assert round(start.free, 6) == 3.25
+    # the held card's memory binds it: 12000 of 15360 MiB taken leaves 0.21875 of a card free
+    assert round(start.free, 6) == 3.21875
     ranked = top_nodes(r.start_node_fragmentation)
     assert [x.node for x in ranked] == ["n0", "n1"] and ranked[0].fragmented > ranked[1].fragmented
     j = result_json(r, w)["fragmentation"]["start"]

@@ -54,12 +54,20 @@ def test_result_json_fields():
     assert (j["gpu_allocation_ratio"], j["memory_allocation_ratio"]) == (1.0, 1.0)
     assert j["first_failure_arrival"] == 150.0
     assert j["failure_reasons"] == {"CardInsufficientMemory": 1}
-    assert j["per_model"] == {"T4": {"cards": 1, "gpu_allocation_ratio": 1.0, "memory_allocation_ratio": 1.0}}
+    # one card: two half shares take half its cores and memory and 2 of its 10 slots each
+    whole = {"cards": 1, "capacity_allocation_ratio": 1.0, "gpu_allocation_ratio": 1.0,
+             "memory_allocation_ratio": 1.0, "slot_allocation_ratio": 0.2}  # fmt: skip
+    assert j["per_model"] == {"T4": whole} and j["per_family"] == {"nvidia": whole}
+    assert (j["capacity_allocation_ratio"], j["slot_allocation_ratio"]) == (1.0, 0.2)
+    # the failed pod asked for half a card: 50 % of the cluster's one card of capacity
+    assert (j["failed_gpu_demand"], j["failed_gpu_demand_pct"]) == (0.5, 50.0)
     assert [c["arrival"] for c in j["allocation_at_arrival"]] == [float(x) for x in range(10, 131, 10)]
     assert j["allocation_at_arrival"][0] == {
         "arrival": 10.0,
+        "capacity_allocation_ratio": 0.5,
         "gpu_allocation_ratio": 0.5,
         "memory_allocation_ratio": 0.5,
+        "slot_allocation_ratio": 0.1,
     }
     assert j["decision_ms"]["count"] == 3 and j["decision_ms"]["p99"] >= j["decision_ms"]["p50"] > 0
     assert isinstance(j["elapsed_s"], float)
@@ -83,12 +91,16 @@ def test_summary_text():
     assert lines[1] == "cluster: 2 nodes, 1 GPUs (T4 1) from nodes.csv"
     assert lines[2] == "workload: 2 pods from pods.csv"
     assert lines[4].split() == [
-        "policy", "pods", "scheduled", "failed", "GPU", "alloc", "mem", "alloc", "1st", "fail", "at",
-        "p50", "ms", "p99", "ms", "time", "s",
+        "policy", "pods", "scheduled", "failed", "GPU", "pods", "failed", "failed", "demand", "capacity",
+        "cores", "memory", "slots", "1st", "fail", "at", "p50", "ms", "p99", "ms", "time", "s",
     ]  # fmt: skip
     row = lines[6].split()
-    assert row[0] == "binpack" and row[4:7] == ["100.00%", "100.00%", "150.0%"]
-    assert "GPU allocation at arrived demand (percent of GPU capacity):" in lines
+    assert row[0] == "binpack" and row[3:10] == ["1", "1", "50.0%", "100.00%", "100.00%", "100.00%", "20.00%"]
+    assert row[10] == "150.0%"
+    assert (
+        "capacity taken at arrived demand (percent of the cards' capacity; arrivals in percent of GPU capacity):"
+        in lines
+    )
     assert lines[-1] == "  binpack: 1 CardInsufficientMemory"
 
 

@@ -161,6 +161,19 @@ def test_b4_request_never_lands_on_b4_1_cards():
     assert out.node is None and out.failed_nodes["npu-b41"] == "NodeInsufficientDevice: no Ascend910B4 device"
 
 
+def test_910c_without_a_whole_module_free_says_why():
+    # Chips 0 and 2 are free but in different modules (1 and 3 are not registered): HAMi refuses with
+    # AllocatedCardsInsufficientRequest, never with an empty reason.
+    reg = json.dumps([{"id": f"c-{i}", "index": i, "count": 1, "devmem": 65536, "devcore": 20, "type": "Ascend910C", "health": True}
+                      for i in (0, 2)])  # fmt: skip
+    n = node("c2", annotations={"hami.io/node-register-Ascend910C": reg})
+    from tests.vendor_fleet import state
+
+    out = state(n).filter(pod("a", container("c", {"huawei.com/Ascend910C": 2})), ["c2"])
+    assert out.node is None
+    assert out.failed_nodes["c2"] == "2/2 AllocatedCardsInsufficientRequest"
+
+
 def test_910c_takes_whole_modules():
     reg = json.dumps([{"id": f"c-{i}", "index": i, "count": 1, "devmem": 65536, "devcore": 20, "type": "Ascend910C", "health": True}
                       for i in range(4)])  # fmt: skip

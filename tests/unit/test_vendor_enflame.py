@@ -68,6 +68,17 @@ def test_drs_memory_and_cores_pick_the_smallest_profile():
     assert place(none, ENODE).failed_nodes["e1"] == "1/2 ModeNotFit"
 
 
+def test_drs_profile_with_unreadable_memory_is_not_placed():
+    # "1g.xgb": the memory part is not a number (read as 0 GB). HAMi refuses the profile (ModeNotFit)
+    # instead of creating a partition with 0 MiB; a readable profile still places.
+    reg = '{"devices":[{"index":"0","capacity":6}],"profiles":{"1g.xgb":"0","2g.16gb":"1"}}'
+    n = node("e9", annotations={"enflame.com/gcu-drs-capacity": reg})
+    out = place(pod("p", container("c", {"enflame.com/drs-gcu": 1})), n)
+    assert out.node is None and out.failed_nodes["e9"] == "1/1 ModeNotFit"
+    two = place(pod("q", container("c", {"enflame.com/drs-gcu": 2})), n)
+    assert two.annotations["hami.io/enflame-vgpu-devices-allocated"] == "e9-enflame-drs-0,Enflame,16384,100:;"
+
+
 def test_drs_cores_run_out_before_slices():
     st = state(ENODE)
     for i in range(2):
