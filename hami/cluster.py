@@ -108,6 +108,8 @@ class _Pod:
     created: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     terminating: bool = False
+    # The MIG instances the device plugin realized for the pod (runtime identity in its annotations).
+    mig_realized: tuple[A.MigAllocation, ...] = ()
 
     @classmethod
     def of(
@@ -120,6 +122,16 @@ class _Pod:
             cpu, pod_priority(pod), pod_start(pod), dict(labels) if labels else {},
             bool(meta.get("deletionTimestamp")),
         )  # fmt: skip
+
+
+def _realized_mig(annotations: Mapping[str, str]) -> tuple[A.MigAllocation, ...]:
+    """The entries of ``hami.io/vgpu-mig-allocations`` with a runtime identity (an unreadable value, which
+    the NVIDIA vendor already logs, gives none)."""
+    try:
+        allocations = A.decode_mig_allocations(annotations.get(A.MIG_ALLOCATIONS, ""))
+    except AnnotationError:
+        return ()
+    return tuple(a for a in allocations if a.realized)
 
 
 class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
@@ -397,9 +409,11 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                 # Finished init containers hold nothing any more: keep only app and sidecar entries.
                 devices = pods.without_finished_init(devices, kinds)
             grants = tuple(collapse_grants(devices, kinds, mig_from=every))
+            realized = _realized_mig(annos)
             old = self._pods.get(uid)
             self._release_hold(uid)
             if old is not None and old.node == node and old.grants == grants:
+                old.mig_realized = realized
                 old.reserved = False
                 old.terminating = is_terminating(pod)
                 old.created = pod_start(pod)
@@ -410,7 +424,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             if old is None:
                 self._learn(pod, uid)
             self._drop_record(uid)
-            self._add_record(_Pod.of(pod, node, grants, False, fragmentation.pod_cpu_milli(pod)))
+            rec = _Pod.of(pod, node, grants, False, fragmentation.pod_cpu_milli(pod))
+            rec.mig_realized = realized
+            self._add_record(rec)
 
     def _at_least_the_spec(self, pod: Mapping[str, Any], node: str, devices: PodDevices) -> PodDevices:
         """`devices` with each card of a generic-fit vendor raised to what the pod's spec asks on it

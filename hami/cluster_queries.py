@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from hami.model import CardGrant, Device, DeviceUsage, MigPlacement
+from hami.model import MIG_MODE, CardGrant, Device, DeviceUsage, MigPlacement
 
 if TYPE_CHECKING:
     from hami.node_order import _Node
@@ -39,6 +39,20 @@ class CardStat:
     mig_unknown: int = 0  # pods holding the card in MIG mode without a placement on record
 
 
+@dataclass(frozen=True, slots=True)
+class MigInstanceStat:
+    """One MIG instance the device plugin realized on a card in MIG mode (HAMi's MIG runtime identity)."""
+
+    node: str
+    uuid: str  # the parent card
+    index: int
+    mig_uuid: str
+    profile: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    placement: MigPlacement
+
+
 class ClusterQueries:
     """What `ClusterState` answers without changing anything. Expects the state's `_lock`, `_nodes`
     (name -> node record), `_pods` (uid -> pod record) and `quota`."""
@@ -61,6 +75,22 @@ class ClusterQueries:
                                  d.devcore, u.usedcores, d.health, d.mode, u.mig, u.mig_unknown)
                     )  # fmt: skip
             return out
+
+    def mig_instances(self) -> list[MigInstanceStat]:
+        """Every realized MIG instance of a counted pod on a card of its node in MIG mode (HAMi exports
+        these, `RuntimeReady` allocations only), ordered by node, card index and instance ids."""
+        with self._lock:
+            out = []
+            for p in self._pods.values():
+                n = self._nodes.get(p.node)
+                for a in p.mig_realized if n is not None else ():
+                    d = n.by_uuid.get(a.gpu_uuid)
+                    if d is not None and d.mode == MIG_MODE:
+                        out.append(
+                            MigInstanceStat(p.node, d.uuid, d.index, a.mig_uuid, a.profile, a.gpu_instance_id or 0,
+                                            a.compute_instance_id or 0, a.placement)
+                        )  # fmt: skip
+            return sorted(out, key=lambda m: (m.node, m.index, m.gpu_instance_id, m.compute_instance_id))
 
     def usage_snapshot(self) -> dict[str, dict[str, tuple[int, int, int]]]:
         """node -> card uuid -> (slots, MiB, percent) for cards with any usage (comparisons in tests)."""

@@ -3,7 +3,9 @@ our own latency and failure figures.
 
 HAMi's families (hami-legacy-spec §5.1, names, label sets and units as HAMi's cmd/scheduler/metrics.go
 emits them) are computed at scrape time from `ClusterState` by a custom collector, never kept as
-gauges that could drift from the state: `hami_gpu_*`, `hami_node_gpu_*`, `hami_vgpu_*` and
+gauges that could drift from the state: `hami_gpu_*`, `hami_node_gpu_*` (with
+`hami_node_gpu_mig_instance_info`, one series of value 1 per MIG instance the device plugin realized on
+a card in MIG mode, from the pods' ``hami.io/vgpu-mig-allocations``), `hami_vgpu_*` and
 `hami_resource_quota_*`, each with the constant label ``zone="vGPU"``. Memory is in bytes
 (MiB x 1048576), cores in percent. As in HAMi, per-pod figures use the collapsed usage (init and app
 containers merged per card), so `container_index` is always ``0``.
@@ -94,6 +96,20 @@ class ClusterCollector(Collector):
             if c.devmem > 0:
                 mem_ratio.add_metric([c.node, c.uuid, idx, ZONE], c.usedmem / c.devmem)
         yield from (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, mem_ratio)
+
+        mig = GaugeMetricFamily(
+            "hami_node_gpu_mig_instance_info",
+            "Realized MIG instance identity and scheduler placement",
+            labels=["node", "device_uuid", "device_index", "mig_uuid", "profile", "gpu_instance_id",
+                    "compute_instance_id", "placement_start", "placement_size", "zone"],
+        )  # fmt: skip
+        for m in self.state.mig_instances():
+            mig.add_metric(
+                [m.node, m.uuid, str(m.index), m.mig_uuid, m.profile, str(m.gpu_instance_id),
+                 str(m.compute_instance_id), str(m.placement.start), str(m.placement.size), ZONE],
+                1,
+            )  # fmt: skip
+        yield mig
 
         pod_labels = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
         vmem = GaugeMetricFamily(

@@ -2,6 +2,13 @@
 
     python scripts/build_images.py                 # build images/hami and images/device-plugin
     python scripts/build_images.py --run-help      # ... and run every entry point's --help inside each
+    python scripts/build_images.py --registry registry.example.com --push   # ... and push them there
+
+The images are named as the chart pulls them, `<registry>/hami-legacy/hami:<tag>` and
+`<registry>/hami-legacy/hami-device-plugin:<tag>`: registry `localhost` (they then stay in buildah's
+storage under --workdir) and the chart's appVersion as the tag unless --registry / --tag say otherwise.
+--push sends each to its registry with `buildah push` (log in first: `buildah login <registry>`); the
+images are for the architecture of the machine that builds them.
 
 What a CI machine without Docker can do, and what tests/chart/test_image_build.py runs: the base image
 `debian:bookworm-slim` the Dockerfiles start from cannot be pulled here, so it is made locally with
@@ -23,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,6 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The chart's appVersion: the tag the chart pulls when global.imageTag is empty.
+APP_VERSION = re.search(
+    r"^appVersion:\s*[\"']?([^\"'\s]+)", (ROOT / "helm" / "hami" / "Chart.yaml").read_text(), re.M
+)[1]
+LOCAL_REGISTRY = "localhost"
 BASE_IMAGE = "docker.io/library/debian:bookworm-slim"
 SUITE = "bookworm"
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -58,24 +71,28 @@ POLICY = {
 
 @dataclass(frozen=True)
 class Image:
-    """One image of images/: its Dockerfile, the tag built here and the commands it must run."""
+    """One image of images/: its directory `name`, the repository the chart pulls it from (values.yaml's
+    scheduler.extender.image / devicePlugin.image) and the commands it must run."""
 
     name: str
+    repository: str
     entry_points: tuple[tuple[str, ...], ...]
 
     @property
     def dockerfile(self) -> Path:
         return ROOT / "images" / self.name / "Dockerfile"
 
-    @property
-    def tag(self) -> str:
-        return f"localhost/hami-legacy/{self.name}:build"
+    def reference(self, registry: str = LOCAL_REGISTRY, tag: str = APP_VERSION) -> str:
+        """``<registry>/<repository>:<tag>``, the image as the chart names it for that registry and tag."""
+        return f"{registry.rstrip('/')}/{self.repository}:{tag}"
 
 
 IMAGES = (
-    Image("hami", (("hami-scheduler-extender", "--help"), ("hami-webhook", "--help"), ("hami", "--help"),
-                   ("kubectl-hami", "--help"), ("hami-certgen", "--help"))),
-    Image("device-plugin", (("hami-device-plugin", "--help"), ("hami-vgpu-monitor", "--help"))),
+    Image("hami", "hami-legacy/hami",
+          (("hami-scheduler-extender", "--help"), ("hami-webhook", "--help"), ("hami", "--help"),
+           ("kubectl-hami", "--help"), ("hami-certgen", "--help"))),
+    Image("device-plugin", "hami-legacy/hami-device-plugin",
+          (("hami-device-plugin", "--help"), ("hami-vgpu-monitor", "--help"))),
 )  # fmt: skip
 
 
@@ -103,14 +120,22 @@ class Container:
 
 
 class Builder:
-    """buildah with every path under `workdir` (storage, run directory, policy, the base tarball)."""
+    """buildah with every path under `workdir` (storage, run directory, policy, the base tarball); the
+    images are named `image.reference(registry, tag)`."""
 
-    def __init__(self, workdir: Path, *, log=print) -> None:
+    def __init__(
+        self, workdir: Path, *, registry: str = LOCAL_REGISTRY, tag: str = APP_VERSION, log=print
+    ) -> None:
         self.workdir = workdir.resolve()
+        self.registry = registry
+        self.tag = tag
         self.log = log
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.policy = self.workdir / "policy.json"
         self.policy.write_text(json.dumps(POLICY))
+
+    def ref(self, image: Image) -> str:
+        return image.reference(self.registry, self.tag)
 
     # -- buildah --------------------------------------------------------------------------------
     def buildah(self, *args: str, check: bool = True, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -170,21 +195,21 @@ class Builder:
 
     # -- the images -----------------------------------------------------------------------------
     def build(self, image: Image) -> None:
-        """`buildah bud` of image.dockerfile with the repository root as context, tagged image.tag."""
+        """`buildah bud` of image.dockerfile with the repository root as context, named `ref(image)`."""
         self.commit_base()
         self.log(f"buildah bud -f {image.dockerfile.relative_to(ROOT)} ...")
         self.buildah(
             "bud", "--signature-policy", str(self.policy), "--isolation", "chroot", "--pull=never",
-            "--network", "host", *self._ca_mounts(), "-f", str(image.dockerfile), "-t", image.tag, str(ROOT),
+            "--network", "host", *self._ca_mounts(), "-f", str(image.dockerfile), "-t", self.ref(image), str(ROOT),
             timeout=1800,
         )  # fmt: skip
 
     @contextlib.contextmanager
     def container(self, image: Image) -> Iterator[Container]:
-        """A container of image.tag, removed afterwards; with vfs storage each one is a full copy of the
+        """A container of the built image, removed afterwards; with vfs storage each one is a full copy of the
         image, so a caller runs all its commands and reads all its files in one."""
         ctr = self.buildah(
-            "from", "--signature-policy", str(self.policy), "--pull=never", image.tag
+            "from", "--signature-policy", str(self.policy), "--pull=never", self.ref(image)
         ).stdout.strip()
         try:
             yield Container(self, ctr, Path(self.buildah("mount", ctr).stdout.strip()))
@@ -193,8 +218,14 @@ class Builder:
             self.buildah("rm", ctr, check=False)
 
     def inspect(self, image: Image) -> dict:
-        """buildah's view of image.tag (OCIv1.config: Labels, User, Env, Cmd)."""
-        return json.loads(self.buildah("inspect", "--type", "image", image.tag).stdout)
+        """buildah's view of the built image (OCIv1.config: Labels, User, Env, Cmd)."""
+        return json.loads(self.buildah("inspect", "--type", "image", self.ref(image)).stdout)
+
+    def push(self, image: Image) -> None:
+        """`buildah push` of the built image to its registry (credentials from `buildah login`)."""
+        ref = self.ref(image)
+        self.log(f"buildah push {ref} ...")
+        self.buildah("push", "--signature-policy", str(self.policy), ref, f"docker://{ref}", timeout=1800)
 
     def remove_storage(self) -> None:
         """Everything but the base tarball (vfs storage holds a full copy of every layer)."""
@@ -231,16 +262,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--image", choices=[i.name for i in IMAGES], action="append",
                    help="build only this image (repeatable; default: both)")  # fmt: skip
     p.add_argument("--run-help", action="store_true", help="run each entry point's --help in the image")
+    p.add_argument("--registry", default=LOCAL_REGISTRY,
+                   help="registry the images are named for, e.g. registry.example.com (default: localhost)")  # fmt: skip
+    p.add_argument("--tag", default=APP_VERSION, help=f"image tag (default: the chart's appVersion, {APP_VERSION})")  # fmt: skip
+    p.add_argument("--push", action="store_true", help="push each image to --registry after it is built")
     p.add_argument("--clean", action="store_true", help="remove buildah's storage afterwards")
     args = p.parse_args(argv)
+    if args.push and args.registry.rstrip("/") == LOCAL_REGISTRY:
+        print("build_images: --push needs --registry (the registry the nodes pull from, e.g. "
+              "registry.example.com); localhost/ names exist only in this build's storage", file=sys.stderr)  # fmt: skip
+        return 2
     if missing := missing_tools():
         print(f"build_images: missing {', '.join(missing)}", file=sys.stderr)
         return 2
-    b = Builder(args.workdir)
+    b = Builder(args.workdir, registry=args.registry, tag=args.tag)
     try:
         for image in [i for i in IMAGES if not args.image or i.name in args.image]:
             b.build(image)
-            print(f"built {image.tag}")
+            print(f"built {b.ref(image)}")
             if args.run_help:
                 with b.container(image) as ctr:
                     for command in image.entry_points:
@@ -249,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if r.returncode != 0:
                             print(_tail(r.stdout + r.stderr, 20), file=sys.stderr)
                             return 1
+            if args.push:
+                b.push(image)
+                print(f"pushed {b.ref(image)}")
     except BuildError as e:
         print(f"build_images: {e}", file=sys.stderr)
         return 1

@@ -328,7 +328,11 @@ class AscendVendor(C.ShareVendor):
             and n.cores in present
             and to_count(present[n.cores], resource=C.field_name(container, n.cores), unit="percent") > 0
         ):
-            raise InvalidRequest(f"{n.cores} is only supported in hami-core (soft split) mode")
+            raise InvalidRequest(
+                f"{n.cores} is only supported in hami-core (soft split) mode: add the pod annotation "
+                f"{VNPU_MODE}: hami-core (for nodes in the soft split: vnpus.hamiVnpuCore, or the node "
+                f"annotation hami-vnpu-core), or leave out {n.cores} to get a vNPU template"
+            )
         if n.memory in limits:
             raw = limits[n.memory]
             mem = to_mib(raw, resource=C.field_name(container, n.memory), per_card=True)

@@ -155,3 +155,35 @@ def test_the_webhook_is_not_called_for_hamis_own_updates() -> None:
     assert changed({alloc: "y"}, {alloc: "x"}) and changed({alloc: "x"}, None) and changed(team, {alloc: "x"})
     assert changed(None, {alloc: "x"}) and changed({"hami.io/bind-phase": "allocating"}, {})
     assert changed(team, team, operation="CREATE")
+
+
+ASCEND_PLUGIN = f"system:serviceaccount:{NAMESPACE}:hami-ascend"
+
+
+@pytest.mark.parametrize(("kube", "apis"), [("v1.27.0", []), ("v1.29.0", []), ("v1.30.0", [V1])])
+def test_ascend_device_plugin_is_a_writer_when_ascend_is_on(kube, apis) -> None:
+    # HAMi's ascend-device-plugin (service account hami-ascend, its manifests' name) patches bind-phase and
+    # hami.io/<chip>-devices-to-allocate at Allocate: refused, the NPU container would never start.
+    for enabled in (True, False):
+        r = render({"devices": {"ascend": {"enabled": enabled}}}, kube_version=kube, api_versions=apis)
+        args = r.one("Deployment", "hami-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+        writers = [*WRITERS, ASCEND_PLUGIN] if enabled else WRITERS
+        assert f"--allocation-writers={','.join(writers)}" in args, (enabled, args)
+        [hook] = r.one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"][:1]
+        conditions = {c["name"]: c["expression"] for c in hook.get("matchConditions", [])}
+        exempt = conditions.get("not-an-update-by-hami")
+        if exempt:
+            assert (f'"{ASCEND_PLUGIN}"' in exempt) is enabled
+        # the allocation policy exempts the writers (hami-node-agents holds the device plugin to its node)
+        for policy in r.find("ValidatingAdmissionPolicy"):
+            if policy["metadata"]["name"] != "hami-allocations":
+                continue
+            [cond] = policy["spec"]["matchConditions"]
+            assert _evaluate(cond["expression"], {}, {}, ASCEND_PLUGIN) is not enabled
+
+
+def test_ascend_writer_follows_the_release_namespace() -> None:
+    r = render({"devices": {"ascend": {"enabled": True}}}, namespace="npu", kube_version="v1.27.0")
+    args = r.one("Deployment", "hami-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any(a.startswith("--allocation-writers=") and a.endswith(",system:serviceaccount:npu:hami-ascend")
+               for a in args), args  # fmt: skip

@@ -88,3 +88,7 @@ def test_the_install_walkthrough_renders_and_routes_its_npu_pod() -> None:
     assert "Ascend910B3" in _ascend(cfg)
     [w] = r.one("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
     assert _cel(w["matchConditions"][0]["expression"], pod), "the webhook must see the NPU pod"
+    # ascend-device-plugin's Allocate-time patches are allowed without a value of the operator's.
+    assert "allocationWriters" not in SECTION.split("```yaml\n")[1].split("```")[0]
+    args = r.one("Deployment", "hami-webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert any(a.startswith("--allocation-writers=") and "hami-system:hami-ascend" in a for a in args)

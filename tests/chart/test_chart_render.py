@@ -233,6 +233,31 @@ def test_our_images_follow_app_version_and_global_tag() -> None:
     assert pod_spec(tagged)["containers"][0]["image"] == "ghcr.io/hami-legacy/hami-device-plugin:9.9.9"
 
 
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"global": {"imageTag": "v2.10.0"}}, "global.imageTag"),
+        ({"global": {"imageTag": "v2.8.1-rc.1"}}, "global.imageTag"),
+        ({"devicePlugin": {"image": {"tag": "v2.10.0"}}}, "devicePlugin.image.tag"),
+        ({"scheduler": {"extender": {"image": {"tag": "v2.9.0"}}}}, "scheduler.extender.image.tag"),
+    ],
+    ids=["global", "global-rc", "device-plugin", "extender"],
+)
+def test_a_hami_release_tag_for_our_images_is_refused(values: dict, key: str) -> None:
+    # HAMi's values file sets global.imageTag: "v2.10.0"; our images carry no such tag (ImagePullBackOff).
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    with pytest.raises(helm_python.HelmRenderError) as e:
+        render(values)
+    message = str(e.value)
+    assert f"{key}: " in message and "HAMi release tag" in message and f'"{app_version}"' in message, message
+
+
+def test_tags_of_our_own_builds_pass() -> None:
+    for tag in ("0.1.0", "0.1.0-rc1", "v0.2.0", "2.10.0-local", "sha-1234abc"):
+        tagged = render({"global": {"imageTag": tag}}).one("DaemonSet", "hami-device-plugin")
+        assert pod_spec(tagged)["containers"][0]["image"].endswith(f":{tag}")
+
+
 def test_defaults_single_scheduler_without_pdb() -> None:
     r = rendered("defaults")
     assert r.one("Deployment", "hami-scheduler")["spec"]["replicas"] == 1
@@ -439,6 +464,19 @@ def test_device_plugin_daemonset() -> None:
     custom = render({"devicePlugin": {"tolerations": tol, "nvidiaNodeSelector": selector}})
     cspec = pod_spec(custom.one("DaemonSet", "hami-device-plugin"))
     assert cspec["tolerations"] == tol and cspec["nodeSelector"] == {"accelerator": "nvidia"}
+
+
+def test_runtime_class_reaches_the_device_plugin_pod_too() -> None:
+    # On a node whose default runtime is runc, only the NVIDIA runtime gives the plugin and the monitor
+    # (one pod) libnvidia-ml and the cards: HAMi's chart sets it on its DaemonSet as well.
+    assert "runtimeClassName" not in pod_spec(rendered("defaults").one("DaemonSet", "hami-device-plugin"))
+    r = render({"devicePlugin": {"runtimeClassName": "nvidia", "createRuntimeClass": True}})
+    assert pod_spec(r.one("DaemonSet", "hami-device-plugin"))["runtimeClassName"] == "nvidia"
+    assert r.one("RuntimeClass", "nvidia")["handler"] == "nvidia"
+    cfg = yaml.safe_load(r.one("ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
+    assert cfg["nvidia"]["runtimeClassName"] == "nvidia"  # and the webhook gives it to GPU pods
+    for o in r.objects:
+        validate(o, "v1.30.0")
 
 
 def test_lib_path_must_sit_under_the_hook_path() -> None:

@@ -184,3 +184,30 @@ def test_the_docs_say_which_pods_bypass_the_webhook_and_what_happens_to_them() -
     for words in ("kube-system", "hami.io/webhook: ignore", "hami.io/webhook: enabled", "whitelistNamespaces",
                   "matchConditions", "default-scheduler", "failurePolicy: Fail"):  # fmt: skip
         assert words in section, words
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "values", "told"),
+    [
+        ("v1.27.0", {}, True),
+        ("v1.23.0", {}, True),
+        ("v1.30.0", {"scheduler": {"admissionWebhook": {"matchConditions": False}}}, True),
+        ("v1.28.0", {}, False),
+        ("v1.27.0", {"scheduler": {"admissionWebhook": {"failurePolicy": "Ignore"}}}, False),
+    ],
+    ids=["1.27", "1.23", "no-match-conditions", "1.28", "ignore"],
+)
+def test_notes_say_where_fail_holds_without_match_conditions(kube_version, values, told) -> None:
+    # Before 1.28 an install that follows only NOTES would get Ignore everywhere without being told.
+    notes = render(values, kube_version=kube_version).notes
+    label = "kubectl label namespace <namespace running GPU pods> hami.io/webhook=enabled"
+    assert (label in notes) is told, notes
+    if told:
+        assert "failurePolicy Fail" in notes and "Ignore" in notes
+
+
+def test_notes_name_the_ascend_node_label_when_ascend_is_on() -> None:
+    assert "ascend=on" not in render().notes
+    notes = render({"devices": {"ascend": {"enabled": True}}}, kube_version="v1.27.0").notes
+    assert "kubectl label node <npu-node> ascend=on" in notes
+    assert "hami-ascend" in notes and "ascend-device-plugin" in notes

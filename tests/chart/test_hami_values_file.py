@@ -80,6 +80,12 @@ STEPS = [
         "image.repository",
         "projecthami/hami",
     ),
+    (
+        ("scheduler.kubeScheduler.extraArgs", "scheduler.extender.extraArgs", "devicePlugin.extraArgs",
+         "devicePlugin.monitor.extraArgs", "scheduler.extender.image", "devicePlugin.image"),
+        "global.imageTag",
+        "v2.10.0",
+    ),
 ]  # fmt: skip
 
 

@@ -53,3 +53,28 @@ def test_support_says_where_to_report_and_what_is_supported() -> None:
     assert "1.23 to 1.33" in support and "R580" in support and "525.60.13" in support
     readme = (ROOT / "README.md").read_text()
     assert f"{PROJECT}/issues" in readme and "docs/install.md#support" in readme
+
+
+def test_the_hami_command_is_explained_before_its_first_use() -> None:
+    # An operator meets `hami inspect` / `hami explain` here first: say where the command comes from.
+    heading = DOC.index("### The `hami` command\n")
+    assert heading < min(DOC.index(f"`hami {verb}") for verb in ("inspect", "explain"))
+    section = DOC[heading:].split("\n#", 1)[0]
+    assert "pip install ." in section and "hami-legacy" in section
+    exec_line = re.search(
+        r"kubectl -n (\S+) exec deploy/(\S+) -c (\S+) -- \\\n\s+hami inspect --device-config (\S+)", section
+    )
+    assert exec_line, "the image route (kubectl exec ... hami inspect) is not given before the first use"
+    ns, deploy, container, config = exec_line.groups()
+    # The command runs where the doc says: that container of that Deployment, with the device config there.
+    spec = render().one("Deployment", deploy)["spec"]["template"]["spec"]
+    assert ns == NAMESPACE
+    [c] = [c for c in spec["containers"] if c["name"] == container]
+    assert any(config.startswith(m["mountPath"] + "/") for m in c["volumeMounts"]), c["volumeMounts"]
+    assert f"--device-config={config}" in c["args"] or f"--config={config}" in c["args"]
+
+
+def test_security_reports_go_to_a_private_channel() -> None:
+    support = DOC.split("## Support\n")[1].split("\n## ")[0]
+    assert f"{PROJECT}/security/advisories/new" in support
+    assert "same tracker" not in support

@@ -23,7 +23,8 @@ from device_plugin.monitor.metrics import MonitorMetrics, render_snapshot
 from device_plugin.monitor.pods import PodRef
 from device_plugin.monitor.scanner import ContainerSample, DeviceSample, Snapshot
 from hami.cluster import CardStat
-from hami.model import CardGrant
+from hami.cluster_queries import MigInstanceStat
+from hami.model import CardGrant, MigPlacement
 from scheduler_extender.metrics import ExtenderMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +55,9 @@ class _FakeState:
 
     def quota_stats(self):
         return [("team-a", "nvidia.com/gpumem", 8000, 64000)]
+
+    def mig_instances(self):
+        return [MigInstanceStat("node1", "GPU-a", 0, "MIG-a", "1g.18gb", 9, 0, MigPlacement(6, 1))]
 
     allocation_mismatches = 0
 

@@ -106,6 +106,19 @@ def test_webhook_rejections(vendor, limits, annos, message):
         VENDORS[vendor].mutate_container(container("c", limits), pod={"metadata": {"annotations": annos}})
 
 
+def test_cores_without_soft_mode_say_how_to_get_it():
+    c = container("c", {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-core": 30})
+    with pytest.raises(InvalidRequest) as e:
+        B3.mutate_container(c, pod={})
+    message = str(e.value)
+    assert "only supported in hami-core (soft split) mode" in message
+    assert "huawei.com/vnpu-mode: hami-core" in message and "hami-vnpu-core" in message, message
+    # With the annotation the same container is accepted (the node must run the soft split).
+    c = container("c", {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-core": 30})
+    soft = {"metadata": {"annotations": {"huawei.com/vnpu-mode": "hami-core"}}}
+    assert B3.mutate_container(c, pod=soft).uses_device
+
+
 def test_910c_one_becomes_a_module_of_two():
     c = container("c", {"huawei.com/Ascend910C": 1})
     VENDORS["Ascend910C"].mutate_container(c, pod={})

@@ -117,6 +117,13 @@ kubescheduler.config.k8s.io/v1beta2
 {{- if or .Values.scheduler.leaderElect (gt (int .Values.scheduler.replicas) 1) -}}true{{- else -}}false{{- end -}}
 {{- end -}}
 
+{{/* "true" when the webhook is scoped by CEL matchConditions (Kubernetes 1.28+ and
+     scheduler.admissionWebhook.matchConditions), else "": then failurePolicy holds only in namespaces
+     labelled hami.io/webhook=enabled (webhook.yaml). */}}
+{{- define "hami.webhookMatchConditions" -}}
+{{- if and .Values.scheduler.admissionWebhook.matchConditions (semverCompare ">=1.28.0-0" (include "hami.kubeVersion" .)) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "hami.webhookReplicas" -}}
 {{- .Values.scheduler.admissionWebhook.replicas | int -}}
 {{- end -}}
