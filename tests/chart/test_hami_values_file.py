@@ -22,7 +22,7 @@ from hami.config import load_config
 from tests.chart.render import ROOT, render
 from tests.chart.schemas import validate
 from tests.chart.test_chart_fit import FOREIGN, containers, parsed, parser_for
-from tests.ci import skip_or_fail
+from tests.ci import SHARED, needs_shared
 
 FIXTURE = Path(__file__).parent / "data" / "hami-v2.10.0-values.yaml"
 HAMI_VALUES = yaml.safe_load(FIXTURE.read_text())
@@ -31,11 +31,12 @@ TABLE = yaml.safe_load((ROOT / "helm" / "hami" / "files" / "hami-keys.yaml").rea
 OURS = yaml.safe_load((ROOT / "helm" / "hami" / "values.yaml").read_text())
 
 
+SOURCE = SHARED / "reference" / "hami-v2.10.0" / "values.yaml"
+
+
+@needs_shared(SOURCE)
 def test_the_fixture_is_hamis_file_unchanged() -> None:
-    source = ROOT.parent / "shared" / "reference" / "hami-v2.10.0" / "values.yaml"
-    if not source.exists():
-        skip_or_fail(f"{source} is not here to compare with")
-    assert FIXTURE.read_bytes() == source.read_bytes()
+    assert FIXTURE.read_bytes() == SOURCE.read_bytes()
 
 
 def migrated(values: dict) -> dict:

@@ -18,10 +18,10 @@ import pytest
 
 from hami.cli import build_parser, main
 from hami.simulate.command import run_simulate
-from tests.ci import skip_unless
+from tests.ci import SHARED, needs_shared
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
+TRACE = SHARED / "data" / "alibaba-gpu-v2023"
 NODES_CSV = TRACE / "openb_node_list_gpu_node.csv"
 SMALL = ["--generate", "16,200", "--no-progress"]
 
@@ -324,7 +324,7 @@ def test_no_subcommand_prints_help_and_exits_2(capsys):
 # ------------------------------------------------------------------------------------------------
 # The real trace (skipped when ../shared/data is absent)
 
-needs_trace = skip_unless(NODES_CSV.exists(), f"the Alibaba openb trace is not at {TRACE}")
+needs_trace = needs_shared(NODES_CSV)
 
 
 OPENB_MIB = {

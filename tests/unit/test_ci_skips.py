@@ -40,3 +40,11 @@ def test_a_missing_thing_fails_under_ci_and_skips_elsewhere(monkeypatch, in_ci: 
     assert ci.require_module("json", "the standard library").dumps([]) == "[]"
     mark = ci.skip_unless(False, "absent")
     assert mark.args == (not in_ci,) and mark.kwargs["reason"] == "absent"
+
+
+def test_reference_data_beside_the_checkout_skips_even_under_ci(monkeypatch, tmp_path) -> None:
+    # ../shared is not the project's to install: its absence skips, CI or not.
+    monkeypatch.setattr(ci, "CI", True)
+    mark = ci.needs_shared(tmp_path / "absent.csv")
+    assert mark.args == (True,) and "absent.csv" in mark.kwargs["reason"]
+    assert ci.needs_shared(tmp_path).args == (False,)
