@@ -59,10 +59,22 @@ def built() -> Path:
     cuda_h = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include" / "cuda.h"
     if not cuda_h.exists():
         pytest.skip(f"libvgpu tests need the CUDA driver API header: {cuda_h} not found (set CUDA_HOME)")
-    r = subprocess.run(["make", "-s", "-C", str(LIBVGPU), "test-bins"], capture_output=True, text=True)
+    return make_test_bins()
+
+
+def make_test_bins(build: Path = BUILD, cuda_include: Path | None = None) -> Path:
+    """Runs ``make -C libvgpu test-bins`` into `build` (libvgpu.so, the fakes, the test programs),
+    against the cuda.h in `cuda_include` (default: CUDA_HOME's); returns `build`. Fails the test
+    with make's output when the build fails."""
+    cmd = ["make", "-s", "-C", str(LIBVGPU), "test-bins"]
+    if build != BUILD:
+        cmd.append(f"BUILD={build}")
+    if cuda_include is not None:
+        cmd.append(f"CUDA_HOME={cuda_include.parent}")
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.fail(f"make -C libvgpu test-bins failed:\n{r.stdout}{r.stderr}", pytrace=False)
-    return BUILD
+        pytest.fail(f"{' '.join(cmd)} failed:\n{r.stdout}{r.stderr}", pytrace=False)
+    return build
 
 
 class Cli:
