@@ -114,8 +114,9 @@ class ResponseBuilder:
             envs[ENV_LOG_LEVEL] = s.lib_cuda_log_level
         if s.disable_core_limit:
             envs[ENV_CORE_POLICY] = "disable"
-        # libvgpu's read-only config file (limits for processes with a scrubbed environment) and the
-        # node-wide per-card regions (fair sharing between the card's containers): vgpu_config.py
+        # libvgpu's read-only config file (the authority for its limits, switch, region path and
+        # priority: the container's environment may only lower a limit) and the node-wide per-card
+        # regions (fair sharing between the card's containers): vgpu_config.py
         envs[vgpu_config.ENV_CARD_DIR] = str(vgpu_config.card_dir(s.vgpu_dir))
         if not control:
             envs[ENV_DISABLE_CONTROL] = "true"  # written into vgpu.config as well

@@ -138,3 +138,18 @@ def test_without_a_file_the_environment_rules_as_in_hami_core(cli):
     assert read_region(cli.cache).priority == 0
     off = cli.run("init", "alloc", "100m", env={"CUDA_DEVICE_MEMORY_LIMIT": "32m", "CUDA_DISABLE_CONTROL": "1"})
     assert off.codes("alloc") == [CUDA_SUCCESS]
+
+
+def test_what_the_device_plugin_renders_holds_against_the_environment(cli):
+    from device_plugin import vgpu_config
+
+    envs = {"CUDA_DEVICE_MEMORY_LIMIT_0": "48m", "CUDA_DEVICE_SM_LIMIT": "0",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cli.cache)}  # fmt: skip
+    cli.install(cli.tmp / "vgpu", vgpu_config.render(envs))
+    tenant = {"CUDA_DISABLE_CONTROL": "true", "CUDA_TASK_PRIORITY": "0", "CUDA_DEVICE_MEMORY_LIMIT": "1g",
+              "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cli.tmp / "mine.cache")}  # fmt: skip
+    r = cli.run("init", "alloc", "49m", "alloc", "48m", env=tenant)
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+    region = read_region(cli.cache)
+    assert (region.priority, region.devices[0].limit_bytes) == (1, 48 * MIB)
+    assert not (cli.tmp / "mine.cache").exists()
