@@ -24,6 +24,7 @@ from hami import annotations as A
 from hami.errors import InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import MutationResult, split_list
 
@@ -125,9 +126,8 @@ class AMDVendor(C.ShareVendor):
         return [d for d, _ in C.decode_register_json(value, vendor=self.common_word)]
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+            return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
         reasons: Counter = Counter()
         passing = []
         typed = bool(selection.use_types or selection.nouse_types)
@@ -137,19 +137,19 @@ class AMDVendor(C.ShareVendor):
             cu = min(max(d.devcore * req.coresreq // 100, 1), d.devcore)
             why = None
             if not d.health:
-                why = R.CARD_NOT_HEALTH
+                why = Reason.CARD_NOT_HEALTH
             elif typed and not self.type_matches(d, selection):
-                why = R.CARD_TYPE_MISMATCH
+                why = Reason.CARD_TYPE_MISMATCH
             elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
+                why = Reason.CARD_UUID_MISMATCH
             elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
+                why = Reason.CARD_TIME_SLICING_EXHAUSTED
             elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+                why = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
             elif d.devmem - u.usedmem < mem:
-                why = R.CARD_INSUFFICIENT_MEMORY
+                why = Reason.CARD_INSUFFICIENT_MEMORY
             elif d.devcore <= 0 or d.devcore - u.usedcores < cu:
-                why = R.CARD_INSUFFICIENT_CORE
+                why = Reason.CARD_INSUFFICIENT_CORE
             if why is None:
                 passing.append((d, u, mem))
             else:

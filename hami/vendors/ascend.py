@@ -39,6 +39,7 @@ from hami.configparse import parse_section, require
 from hami.errors import ConfigError, InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import (
     AllocationContext,
@@ -387,12 +388,11 @@ class AscendVendor(C.ShareVendor):
         return out
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         sel = selection if isinstance(selection, AscendSelection) else AscendSelection()
         if sel.hami_core and cards and not all(getattr(d, "soft", False) for d in cards):
-            return None, Counter({R.MODE_NOT_FIT: 1})
+            return None, Counter({Reason.MODE_NOT_FIT: 1})
         if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+            return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
         passing, reasons = C.check_all(req, cards, usage, vendor=self, selection=sel, mutex=policy.mutex)
         ordered = [d for d, _ in C.by_policy(passing, req, policy)]
         cores = min(req.coresreq, 100)

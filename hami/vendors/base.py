@@ -36,7 +36,7 @@ from hami.errors import InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 
 if TYPE_CHECKING:
-    from hami.fit import Reason
+    from hami.reason_words import Reason
     from hami.scoring import PolicyChoice
 
 

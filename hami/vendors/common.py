@@ -18,9 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami import annotations as A
+from hami.card_checks import check_card
 from hami.errors import AnnotationError
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 from hami.quantity import to_count, to_mib
+from hami.reason_words import Reason
+from hami.scoring import card_score, order_cards
 from hami.vendors.base import (
     AllocationContext,
     MutationResult,
@@ -33,21 +36,6 @@ from hami.vendors.base import (
 )
 
 _ZERO = DeviceUsage()
-
-
-class _FitModule:
-    """`hami.fit`, imported on first use: it imports the vendor package (and the config that imports
-    the vendor table), so vendor modules must not import it while they load."""
-
-    def __getattr__(self, name: str) -> Any:
-        import hami.fit
-
-        value = getattr(hami.fit, name)
-        setattr(self, name, value)
-        return value
-
-
-fitmod = _FitModule()
 
 
 _EMPTY: dict[str, Any] = {}
@@ -177,7 +165,7 @@ def check_all(
     mutex: bool,
     quota_ok: Callable[[int, int], bool] | None = None,
 ) -> tuple[list[tuple[Device, DeviceUsage, int]], Counter]:
-    """The generic per-card checks (`hami.fit.check_card`, HAMi's order) over every card.
+    """The generic per-card checks (`hami.card_checks.check_card`, HAMi's order) over every card.
 
     Returns the passing (card, usage, MiB) triples in card order and the reasons of the others.
     """
@@ -186,7 +174,7 @@ def check_all(
     for d in cards:
         u = usage(d.uuid)
         mem = req.memory_on(d)
-        r = fitmod.check_card(
+        r = check_card(
             d, u, req, mem, selection, vendor, mutex=mutex, cordoned=frozenset(), quota_ok=quota_ok
         )
         if r is None:
@@ -200,9 +188,9 @@ def by_policy(passing: Sequence[tuple[Device, DeviceUsage, int]], req: Container
     """Passing cards in the card policy's preference order (binpack fullest first, spread emptiest)."""
     cores = min(req.coresreq, 100)
     scored = [
-        (d, u, fitmod.card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing
+        (d, u, card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing
     ]
-    return [(d, u) for d, u, _ in fitmod.order_cards(scored, policy.cards)]
+    return [(d, u) for d, u, _ in order_cards(scored, policy.cards)]
 
 
 def uuid_ok(device: Device, selection: Selection) -> bool:
@@ -219,7 +207,7 @@ def take(d: Device, req: ContainerRequest, mem: int, cores: int) -> ContainerDev
 def insufficient(reasons: Counter, found: int) -> tuple[None, Counter]:
     """A failed scan: `found` fitting cards were too few (HAMi AllocatedCardsInsufficientRequest)."""
     if found:
-        reasons[fitmod.Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += found
+        reasons[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += found
     return None, reasons
 
 
@@ -347,7 +335,6 @@ def same_card_fit(
     earlier container of the pod (same phase) must be this card, so containers can share one card
     only; a container's own several cards are not checked against each other. A card failing only
     this rule counts as CardNotFoundCustomFilterRule (the last check, as in HAMi)."""
-    Reason = fitmod.Reason
     if req.nums > len(cards):
         return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
     taken = {cd.uuid for c in earlier for cd in c}

@@ -33,6 +33,7 @@ from hami import objects
 from hami.errors import AnnotationError, InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device
 from hami.quantity import INT32_MAX, to_count, to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import AllocationContext, MutationResult, ResourceNames, container_limits
 
@@ -106,17 +107,16 @@ class GCUVendor(C.ShareVendor):
         ]
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+            return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
         reasons: Counter = Counter()
         passing = []
         for d in cards:
             u = usage(d.uuid)
             if not d.health:
-                reasons[R.CARD_NOT_HEALTH] += 1
+                reasons[Reason.CARD_NOT_HEALTH] += 1
             elif u.used > 0:
-                reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                reasons[Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
             else:
                 passing.append((d, u, 100))
         if len(passing) < req.nums:
@@ -315,13 +315,12 @@ class DRSVendor(C.ShareVendor):
         )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         profiles = next((d.profiles for d in cards if isinstance(d, DRSDevice)), ())
         prof = self.pick_profile(req, profiles)
         if prof is None or prof.mem_gb <= 0:
             # HAMi: no profile, or a profile whose memory is out of range (its name's "<M>gb" part
             # unreadable, read as 0) -> ModeNotFit; a partition of 0 MiB is never placed.
-            return None, Counter({R.MODE_NOT_FIT: 1})
+            return None, Counter({Reason.MODE_NOT_FIT: 1})
         mem = prof.mem_gb * 1024
         reasons: Counter = Counter()
         passing = []
@@ -329,17 +328,17 @@ class DRSVendor(C.ShareVendor):
             u = usage(d.uuid)
             why = None
             if not d.health:
-                why = R.CARD_NOT_HEALTH
+                why = Reason.CARD_NOT_HEALTH
             elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
+                why = Reason.CARD_UUID_MISMATCH
             elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
+                why = Reason.CARD_TIME_SLICING_EXHAUSTED
             elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+                why = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
             elif d.devmem - u.usedmem < mem:
-                why = R.CARD_INSUFFICIENT_MEMORY
+                why = Reason.CARD_INSUFFICIENT_MEMORY
             elif d.devcore > 0 and d.devcore - u.usedcores < prof.cores:
-                why = R.CARD_INSUFFICIENT_CORE
+                why = Reason.CARD_INSUFFICIENT_CORE
             if why is None:
                 passing.append((d, u, mem))
             else:

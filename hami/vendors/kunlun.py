@@ -29,6 +29,7 @@ from hami import annotations as A
 from hami import objects
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import AllocationContext, MutationResult, container_limits, split_list
 
@@ -129,7 +130,6 @@ def board_fit(
     usage: Any = None,
 ) -> tuple[list[ContainerDevice] | None, Counter]:
     """Shared board fit: `fits(card)` says whether a card can take one share."""
-    R = C.fitmod.Reason
     by_index = {d.index: d for d in cards}
     free, uuid_miss, mutex_miss = set(), 0, 0
     for d in cards:
@@ -143,10 +143,10 @@ def board_fit(
     chosen = board_select(free, req.nums)
     if chosen is None:
         if mutex_miss:
-            return None, Counter({R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT: mutex_miss})
+            return None, Counter({Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT: mutex_miss})
         if uuid_miss:
-            return None, Counter({R.CARD_UUID_MISMATCH: uuid_miss})
-        return None, Counter({R.NUMA_NOT_FIT: 1})
+            return None, Counter({Reason.CARD_UUID_MISMATCH: uuid_miss})
+        return None, Counter({Reason.NUMA_NOT_FIT: 1})
     return [C.take(by_index[i], req, mem if mem else by_index[i].devmem, cores if cores else by_index[i].devcore)
             for i in chosen], Counter()  # fmt: skip
 

@@ -35,9 +35,11 @@ from typing import Any
 
 from hami import annotations as A
 from hami import objects
+from hami.card_checks import core_reason
 from hami.errors import AnnotationError, InvalidRequest
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import INT32_MAX, MIB, parse_quantity, to_count
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import AllocationContext, MutationResult, split_list
 
@@ -260,7 +262,6 @@ class MetaxSGPUVendor(C.ShareVendor):
         return out
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         sel = selection if isinstance(selection, SGPUSelection) else SGPUSelection()
         online = sel.app_class == "online"
         reasons: Counter = Counter()
@@ -270,24 +271,24 @@ class MetaxSGPUVendor(C.ShareVendor):
             mem = req.memory_on(d)
             why = None
             if not d.health:
-                why = R.CARD_UNHEALTHY
+                why = Reason.CARD_UNHEALTHY
             elif (
                 not online
                 and u.used > 0
                 and req.coresreq != 100
                 and getattr(d, "qos", "") not in ("", sel.qos)
             ):
-                why = R.CARD_QOS_POLICY_MISMATCH
+                why = Reason.CARD_QOS_POLICY_MISMATCH
             elif not C.uuid_ok(d, sel):
-                why = R.CARD_UUID_MISMATCH
+                why = Reason.CARD_UUID_MISMATCH
             elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
+                why = Reason.CARD_TIME_SLICING_EXHAUSTED
             elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+                why = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
             elif d.devmem - u.usedmem < mem:
-                why = R.CARD_INSUFFICIENT_MEMORY
+                why = Reason.CARD_INSUFFICIENT_MEMORY
             elif not online:
-                why = C.fitmod.core_reason(d.devcore, u.usedcores, u.used, req.coresreq)
+                why = core_reason(d.devcore, u.usedcores, u.used, req.coresreq)
             if why is None:
                 passing.append((d, u, mem))
             else:

@@ -20,6 +20,7 @@ from typing import Any
 
 from hami import annotations as A
 from hami.model import ContainerRequest, Device
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import group_score
 
@@ -87,9 +88,8 @@ class VastaiVendor(C.ShareVendor):
         return out
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+            return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
         die = bool(cards) and getattr(cards[0], "strategy", "") == "die"
         busy_aic = {getattr(d, "aic", "") for d in cards if usage(d.uuid).used > 0} if die else set()
         reasons: Counter = Counter()
@@ -98,13 +98,13 @@ class VastaiVendor(C.ShareVendor):
             u = usage(d.uuid)
             why = None
             if not d.health:
-                why = R.CARD_NOT_HEALTH
+                why = Reason.CARD_NOT_HEALTH
             elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
+                why = Reason.CARD_UUID_MISMATCH
             elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
+                why = Reason.CARD_TIME_SLICING_EXHAUSTED
             elif policy.mutex and (u.used > 0 or (die and getattr(d, "aic", "") in busy_aic)):
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+                why = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
             if why is None:
                 passing.append((d, u, 0))
             else:

@@ -14,8 +14,9 @@ import pytest
 
 from hami import annotations as A
 from hami.cluster import ClusterState
-from hami.fit import ContainerKind, ContainerSpec, NodeView, collapse_grants, fit_pod
+from hami.fit import NodeView, fit_pod
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
+from hami.pods import ContainerKind, ContainerSpec, collapse_grants
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors
 from tests.builders import cards, ctr, node, pod

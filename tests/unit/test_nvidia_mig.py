@@ -15,7 +15,7 @@ from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.config import load_config
 from hami.errors import AnnotationError, ConfigError, InvalidRequest
-from hami.fit import ContainerKind, ContainerSpec, NodeView, Reason, fit_container, fit_pod
+from hami.fit import NodeView, fit_container, fit_pod
 from hami.model import (
     ContainerDevice,
     ContainerRequest,
@@ -26,6 +26,8 @@ from hami.model import (
     MigSlot,
     Selection,
 )
+from hami.pods import ContainerKind, ContainerSpec
+from hami.reason_words import Reason
 from hami.reasons import humanize
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors, nvidia_mig
