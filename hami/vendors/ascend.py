@@ -283,10 +283,8 @@ class AscendVendor(C.ShareVendor):
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = container_limits(container)
-        if n.count not in limits:
-            return None
-        nums = to_count(limits[n.count], resource=C.field_name(container, n.count))
-        if nums == 0:
+        nums = C.asked_count(container, limits, n.count)
+        if nums is None:
             return None
         mem = 0
         if n.memory in limits:

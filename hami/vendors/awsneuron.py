@@ -27,7 +27,7 @@ from typing import Any
 from hami import annotations as A
 from hami import objects
 from hami.errors import InvalidRequest
-from hami.model import ContainerDevice, ContainerRequest, Device
+from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage
 from hami.quantity import parse_quantity
 from hami.reason_words import Reason
 from hami.vendors import common as C
@@ -128,31 +128,18 @@ class AWSNeuronVendor(C.ShareVendor):
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         if req.nums > 1:
             return self._runs(req, cards, usage, selection)
-        reasons: Counter = Counter()
-        passing = []
-        for d in cards:
-            u = usage(d.uuid)
-            why = None
-            if not d.health:
-                why = Reason.CARD_NOT_HEALTH
-            elif not C.uuid_ok(d, selection):
-                why = Reason.CARD_UUID_MISMATCH
-            elif d.count <= u.used:
-                why = Reason.CARD_TIME_SLICING_EXHAUSTED
-            elif policy.mutex and u.used > 0:
-                why = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif len(_bits(d.devcore)) - len(_bits(u.usedcores)) < req.coresreq:
-                why = Reason.CARD_INSUFFICIENT_CORE
-            if why is None:
-                passing.append((d, u, 0))
-            else:
-                reasons[why] += 1
-        if not passing:
-            return None, reasons
-        d, u = C.by_policy(passing, req, policy)[0]
-        free = [b for b in _bits(d.devcore) if not u.usedcores >> b & 1]
-        mask = sum(1 << b for b in free[: req.coresreq])
-        return [C.take(d, req, 0, mask)], reasons
+
+        def cores(d: Device, u: DeviceUsage) -> Reason | None:
+            short = len(_bits(d.devcore)) - len(_bits(u.usedcores)) < req.coresreq
+            return Reason.CARD_INSUFFICIENT_CORE if short else None
+
+        def device(d: Device, u: DeviceUsage) -> ContainerDevice:
+            """The card with the lowest `req.coresreq` of its free cores, as a bit mask."""
+            free = [b for b in _bits(d.devcore) if not u.usedcores >> b & 1]
+            return C.take(d, req, 0, sum(1 << b for b in free[: req.coresreq]))
+
+        passing, reasons = C.scan(cards, usage, selection=selection, mutex=policy.mutex, cores=cores)
+        return C.choose(passing, reasons, req, policy, device)
 
     def _runs(self, req, cards, usage, selection):  # noqa: ANN001, ANN202
         by_index = sorted(cards, key=lambda d: d.index)

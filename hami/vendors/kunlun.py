@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as A
-from hami import objects
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_mib
 from hami.reason_words import Reason
@@ -155,6 +154,7 @@ class KunlunVendor(C.ShareVendor):
     common_word = "kunlun"
     allocated_key = "hami.io/kunlun-allocated"
     custom_fit = True
+    whole_card = (0, 100, 0)
 
     def __init__(self, config: KunlunConfig | None = None) -> None:
         self.config = c = config or KunlunConfig()
@@ -170,21 +170,11 @@ class KunlunVendor(C.ShareVendor):
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return xpu_selection(annotations)
 
-    @C.gated
-    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
-        req = super().container_request(container)
-        return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 100, 0)
-
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        n = C.capacity_count(node, self._names.count)
-        if n is None:
-            return None
-        name = objects.name(node)
-        return [
-            Device(uuid=f"{name}-kunlun-{i}", index=i, count=100, devmem=FULL_MIB, devcore=100, type="kunlun",
-                   numa=1 if i >= n // 2 else 0, vendor="kunlun")
-            for i in range(n)
-        ]  # fmt: skip
+        return C.capacity_cards(node, self._names.count, lambda name, i, n: Device(
+            uuid=f"{name}-kunlun-{i}", index=i, count=100, devmem=FULL_MIB, devcore=100, type="kunlun",
+            numa=1 if i >= n // 2 else 0, vendor="kunlun",
+        ))  # fmt: skip
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         return board_fit(req, cards, lambda d: d.health and usage(d.uuid).used == 0, selection, 0, 0)
