@@ -14,6 +14,7 @@ from hami import annotations as A
 from hami.configparse import require
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib, to_percent
+from hami.registration import decode_node_devices_colon
 from hami.vendors.base import (
     AllocationContext,
     MutationResult,
@@ -114,7 +115,7 @@ class HygonVendor(VendorBase):
         value = A.pod_annotations(node).get(self.register_key)
         if value is None:
             return None
-        return A.decode_node_devices_colon(value, vendor=self.common_word)
+        return decode_node_devices_colon(value, vendor=self.common_word)
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None

@@ -21,6 +21,7 @@ from hami.configparse import parse_section
 from hami.errors import ConfigError
 from hami.model import Device
 from hami.quantity import to_count
+from hami.registration import decode_node_devices_colon
 from hami.vendors.base import MutationResult
 from hami.vendors.common import ShareVendor, field_name, in_limits
 
@@ -108,7 +109,7 @@ class IluvatarVendor(ShareVendor):
         value = A.pod_annotations(node).get(self.register_key)
         if value is None:
             return None
-        return A.decode_node_devices_colon(value, vendor=self.common_word)
+        return decode_node_devices_colon(value, vendor=self.common_word)
 
     def mutate_container(self, container: dict[str, Any], *, pod: dict[str, Any]) -> MutationResult:
         """Count in limits: several cards become whole cards (`vCore` = 100 x count, HAMi overwrites a

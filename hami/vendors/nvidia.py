@@ -33,6 +33,7 @@ from hami.model import (
     Selection,
 )
 from hami.quantity import to_count, to_mib, to_percent
+from hami.registration import decode_node_devices_json
 from hami.vendors import nvidia_mig
 from hami.vendors.base import (
     AllocationContext,
@@ -368,7 +369,7 @@ class NvidiaVendor(VendorBase):
         value = A.pod_annotations(node).get(self.register_key)
         if value is None:
             return None
-        return A.decode_node_devices_json(value, vendor=self.common_word)
+        return decode_node_devices_json(value, vendor=self.common_word)
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
