@@ -2,20 +2,24 @@
 
 One module for the generic fit (`hami.fit`), the vendors' own fits (`hami.vendors.common`), the
 filter's prefilter (`hami.prefilter`) and the fragmentation measure (`hami.fragmentation_measure`,
-which counts a card's free cores as the fit does), so the rule is written once. It names the vendor
-interface only as a type, so the vendor modules can use it while they load.
+which counts a card's free cores as the fit does), so the rule is written once. It asks of a vendor
+only its type rule (`TypeRule`), so the vendor modules, which use these checks, lie above it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hami.model import ContainerRequest, Device, DeviceUsage, Selection
 from hami.reason_words import Reason
 
-if TYPE_CHECKING:
-    from hami.vendors.base import Vendor
+
+class TypeRule(Protocol):
+    """What the per-card checks ask of a vendor (`hami.vendors.base.Vendor`): whether a card's type
+    passes the pod's selection (use/nouse types, mode, MIG profile)."""
+
+    def type_matches(self, device: Device, selection: Selection) -> bool: ...
 
 
 def check_card(
@@ -24,7 +28,7 @@ def check_card(
     req: ContainerRequest,
     mem: int,
     sel: Selection,
-    vendor: Vendor,
+    vendor: TypeRule,
     *,
     mutex: bool,
     cordoned: frozenset[str],
