@@ -19,13 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami import annotations as A
 from hami.errors import InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 from hami.quantity import to_count, to_mib
 from hami.reason_words import Reason
 from hami.vendors import common as C
-from hami.vendors.base import MutationResult, split_list
+from hami.vendors.base import MutationResult, registered, split_list
 
 
 @dataclass(frozen=True)
@@ -117,10 +116,9 @@ class AMDVendor(C.ShareVendor):
         return MutationResult(uses_device=True)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return [d for d, _ in C.decode_register_json(value, vendor=self.common_word)]
+        return registered(
+            node, self.register_key, lambda v: C.register_json_cards(v, vendor=self.common_word)
+        )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         if (short := C.fewer_cards(req, cards)) is not None:

@@ -352,6 +352,16 @@ def group_score(
     return total
 
 
+def registered(
+    node: Mapping[str, Any], key: str, decode: Callable[[str], list[Device]]
+) -> list[Device] | None:
+    """A node's inventory from its registration annotation `key`, read by `decode`; None when the node
+    has no such annotation (the vendor is not on that node). Raises what `decode` raises
+    (AnnotationError for a value it cannot read)."""
+    value = A.pod_annotations(node).get(key)
+    return None if value is None else decode(value)
+
+
 def capacity(node: Mapping[str, Any], resource: str) -> Any:
     """`status.capacity[resource]` of a node (None when absent or when a member is not a mapping)."""
     cap = objects.status(node).get("capacity")

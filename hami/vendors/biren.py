@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hami import annotations as A
 from hami.model import Device
 from hami.vendors import common as C
+from hami.vendors.base import registered
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,11 @@ class BirenVendor(C.ShareVendor):
         super().__init__(self.config.resourceCountName)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return [replace(d, devcore=100) for d, _ in C.decode_register_json(value, vendor=self.common_word)]
+        return registered(
+            node,
+            self.register_key,
+            lambda v: [replace(d, devcore=100) for d in C.register_json_cards(v, vendor=self.common_word)],
+        )
 
 
 def build(config: BirenConfig, device_config: Any) -> list[BirenVendor]:

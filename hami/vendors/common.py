@@ -173,6 +173,11 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
     return out
 
 
+def register_json_cards(value: str, *, vendor: str) -> list[Device]:
+    """The devices of a JSON registration, their custominfo left out (`decode_register_json`)."""
+    return [d for d, _ in decode_register_json(value, vendor=vendor)]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fit helpers for vendors with their own algorithm.
 

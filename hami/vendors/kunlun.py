@@ -30,7 +30,7 @@ from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_mib
 from hami.reason_words import Reason
 from hami.vendors import common as C
-from hami.vendors.base import AllocationContext, MutationResult, container_limits, split_list
+from hami.vendors.base import AllocationContext, MutationResult, container_limits, registered, split_list
 
 FULL_MIB = 98304
 TEMPLATES = (24576, 49152, FULL_MIB)
@@ -225,10 +225,9 @@ class XPUVendor(C.ShareVendor):
         return ContainerRequest(self.common_word, req.nums, FULL_MIB, 100, 100)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return [d for d, _ in C.decode_register_json(value, vendor=self.common_word)]
+        return registered(
+            node, self.register_key, lambda v: C.register_json_cards(v, vendor=self.common_word)
+        )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         def fits(d: Device) -> bool:

@@ -41,6 +41,7 @@ from hami.vendors.base import (
     ResourceNames,
     VendorBase,
     container_limits,
+    registered,
     set_env,
     split_list,
 )
@@ -366,10 +367,9 @@ class NvidiaVendor(VendorBase):
     # -- registration / allocation --------------------------------------------------------------
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return decode_node_devices_json(value, vendor=self.common_word)
+        return registered(
+            node, self.register_key, lambda v: decode_node_devices_json(v, vendor=self.common_word)
+        )
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None
