@@ -54,7 +54,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from device_plugin.allocate_response import (
-    CTR_LOCK_DIR,
     CTR_PRELOAD,
     ENV_CORE_POLICY,
     ENV_DISABLE_CONTROL,
@@ -77,7 +76,6 @@ from hami.vendors.nvidia import NvidiaConfig
 
 __all__ = [
     "CARD_MISMATCH_REASON",
-    "CTR_LOCK_DIR",
     "CTR_PRELOAD",
     "ENV_CORE_POLICY",
     "ENV_DISABLE_CONTROL",
@@ -129,14 +127,13 @@ class AllocatorSettings:
     """What Allocate needs besides the pod.
 
     `hook_path` is HAMi's HOOK_PATH (``/usr/local``): libvgpu lives in ``<hook_path>/vgpu`` on the host and
-    in the container; `lock_dir` the host directory mounted at /tmp/vgpulock.
+    in the container.
     """
 
     node_name: str
     scheduler_name: str = "hami-scheduler"
     resource_name: str = "nvidia.com/gpu"
     hook_path: str = "/usr/local"
-    lock_dir: str = "/tmp/vgpulock"
     memory_scaling: float = 1.0
     core_scaling: float = 1.0
     lib_cuda_log_level: str = "1"

@@ -68,7 +68,8 @@ class CommandOptions:
     hook_path: str = "/usr/local"
     """``--hook-path`` (``HOOK_PATH``): libvgpu.so and ld.so.preload live in ``<hook-path>/vgpu``."""
     lock_dir: str = "/tmp/vgpulock"
-    """``--lock-dir`` (``VGPU_LOCK_DIR``): host directory mounted at /tmp/vgpulock in containers."""
+    """``--lock-dir`` (``VGPU_LOCK_DIR``): accepted because HAMi's DaemonSets pass it, and unused: no
+    lock directory is mounted into containers (libvgpu reads none)."""
     metrics_port: int = 9396
     """``--metrics-port`` (``METRICS_PORT``): /metrics and /healthz port; -1 = no metrics server."""
     metrics_host: str = "0.0.0.0"
@@ -122,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="HAMi's HOOK_PATH: libvgpu.so and ld.so.preload live in <hook-path>/vgpu (default /usr/local)",
     )
     p.add_argument(
-        "--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock in containers"
+        "--lock-dir", default="/tmp/vgpulock",
+        help="accepted for HAMi compatibility and unused: no lock directory is mounted into containers",
     )
     p.add_argument(
         "--metrics-port",
@@ -175,9 +177,9 @@ def _check_paths(parser: argparse.ArgumentParser, values: dict[str, Any]) -> Non
     """Make ``--socket-dir`` absolute, refuse paths that cannot work; exits 2 naming the flag.
 
     gRPC reads ``unix://device-plugins/x.sock`` as host ``device-plugins``, so a relative socket
-    directory is made absolute here. ``--hook-path`` and ``--lock-dir`` are host paths the plugin
-    hands kubelet as mounts, which must be absolute; guessing from this container's working
-    directory would mount the wrong place, so a relative one is refused.
+    directory is made absolute here. ``--hook-path`` is a host path the plugin hands kubelet in
+    mounts, which must be absolute; guessing from this container's working directory would mount
+    the wrong place, so a relative one is refused (``--lock-dir`` is unused, so not checked).
     """
     from device_plugin.kubelet import socket_name  # noqa: PLC0415 - keeps `--help` free of grpc
 
@@ -190,7 +192,7 @@ def _check_paths(parser: argparse.ArgumentParser, values: dict[str, Any]) -> Non
             f"--socket-dir {values['socket_dir']!r}: too long for a unix socket path "
             f"({len(os.fsencode(sock))} bytes with the socket name, at most {_MAX_SOCKET_PATH})"
         )
-    for dest in ("hook_path", "lock_dir"):
+    for dest in ("hook_path",):
         if not os.path.isabs(values[dest]):
             flag = "--" + dest.replace("_", "-")
             parser.error(f"{flag} {values[dest]!r}: must be an absolute host path (kubelet mounts it)")
@@ -208,7 +210,6 @@ async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> 
         scheduler_name=o.scheduler_name,
         socket_dir=o.socket_dir,
         hook_path=o.hook_path,
-        lock_dir=o.lock_dir,
         metrics_port=None if o.metrics_port < 0 else o.metrics_port,
         metrics_host=o.metrics_host,
         register_interval_s=o.register_interval_s,
