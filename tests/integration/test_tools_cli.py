@@ -68,6 +68,22 @@ def test_inspect_golden(
     _golden(f"inspect-{fmt}.{'json' if fmt == 'json' else 'txt'}", out)
 
 
+@pytest.mark.parametrize("fmt", ["table", "wide"])
+def test_inspect_colour_golden(
+    demo: FakeApiServer,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+) -> None:
+    # On a terminal: the header bold, states coloured, and the columns aligned by what shows (the
+    # colour codes take no column).
+    monkeypatch.setattr(command, "_style", lambda stream: Style(True))
+    code, out, err = _main(capsys, "inspect", "--kubeconfig", kubeconfig, "--now", NOW, "-o", fmt)
+    assert (code, err) == (0, "") and "\x1b[1m" in out
+    _golden(f"inspect-{fmt}-colour.txt", out)
+
+
 @pytest.mark.parametrize("pod", ["default/whole-card", "default/big-pair", "team-a/etl-2", "infer/chat-0"])
 def test_explain_golden(
     demo: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str], pod: str
@@ -75,6 +91,15 @@ def test_explain_golden(
     code, out, err = _main(capsys, "explain", pod, "--kubeconfig", kubeconfig, "--now", NOW)
     assert (code, err) == (0, "")
     _golden(f"explain-{pod.replace('/', '-')}.txt", out)
+
+
+def test_explain_colour_golden(
+    demo: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(command, "_style", lambda stream: Style(True))
+    code, out, err = _main(capsys, "explain", "infer/chat-0", "--kubeconfig", kubeconfig, "--now", NOW)
+    assert (code, err) == (0, "") and "OTHER NODE" in out and "\x1b[1m" in out
+    _golden("explain-infer-chat-0-colour.txt", out)
 
 
 def test_inspect_json_matches_the_annotations(
