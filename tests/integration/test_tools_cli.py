@@ -26,12 +26,13 @@ import yaml
 from hami import annotations as A
 from hami import cli
 from hami.tools import command
-from hami.tools.render import Style, use_color
+from hami.tools.table import Style, use_color
 from kubefakes.apiserver import FakeApiServer, write_kubeconfig
 from kubefakes.demo_cluster import DEMO_NOW, demo_objects
+from tests.golden_text import GOLDEN as GOLDEN_ROOT
+from tests.golden_text import check_golden
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "tools"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+GOLDEN = GOLDEN_ROOT / "tools"
 NOW = "2026-05-04T10:00:00Z"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,13 +51,7 @@ def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), (
-        f"{name} differs (UPDATE_GOLDEN=1 to accept a deliberate change)"
-    )
+    check_golden("tools", name, text)
 
 
 @pytest.mark.parametrize("fmt", ["table", "wide", "json"])

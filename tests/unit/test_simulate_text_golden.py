@@ -8,9 +8,6 @@ change with ``UPDATE_GOLDEN=1 python -m pytest tests/unit/test_simulate_text_gol
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -25,20 +22,15 @@ from hami.simulate.mixed import config_for, generate_mixed, parse_vendor_shares
 from hami.simulate.report import summary_text
 from hami.simulate.start import split
 from hami.simulate.workload import DEFAULT_GPU_MODELS, Workload, gpu_node
+from tests.golden_text import GOLDEN as GOLDEN_ROOT
+from tests.golden_text import check_golden
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "simulate"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
 CFG = DeviceConfig()
+GOLDEN = GOLDEN_ROOT / "simulate"
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), (
-        f"{name} differs (UPDATE_GOLDEN=1 to accept a deliberate change)"
-    )
+    check_golden("simulate", name, text)
 
 
 def _timed(r: RunResult, k: int) -> RunResult:
