@@ -8,6 +8,8 @@ change with ``UPDATE_GOLDEN=1 python -m pytest tests/unit/test_simulate_text_gol
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import yaml
 
@@ -147,6 +149,23 @@ def test_summary_of_one_policy_through_the_command(capsys: pytest.CaptureFixture
 
 def test_goldens_are_not_empty_tables() -> None:
     # A golden that lost its tables (a printer that writes nothing) must not pass as current.
-    for path in GOLDEN.glob("*.txt"):
+    tables = [*GOLDEN.glob("summary-*.txt"), *GOLDEN.glob("whatif-*.txt")]
+    assert len(tables) == 7
+    for path in tables:
         body = path.read_text(encoding="utf-8")
         assert "policy  " in body and "--------" in body, path.name
+
+
+def test_simulate_help(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # argparse wraps to the terminal's width: fixed here so the file holds every flag and its text. Its
+    # layout changes between Python versions (3.13 writes short and long options apart, 3.14 colours):
+    # the golden is that of the oldest supported one.
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the help golden is Python 3.11's argparse layout")
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as done:
+        cli.main(["simulate", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "--what-if-shape" in out and "--from-cluster" in out
+    check_golden("simulate", "simulate-help-py311.txt", out)
