@@ -38,8 +38,9 @@ between. Nothing is written to the pods.
 
 `Allocator` is assembled from its parts: `device_plugin.lock_holder` (finding and validating the lock
 holder, the refusal path), `device_plugin.recorded_cards` (kubelet's ids against the recorded cards,
-reboot re-admission) and `device_plugin.allocate_response` (env and mounts); this module keeps the
-settings, GetPreferredAllocation and the Allocate loop.
+reboot re-admission) and `device_plugin.allocate_response` (env and mounts), over the names they share
+in `device_plugin.allocation_types` (settings, the API calls, the pending pod); this module keeps
+GetPreferredAllocation and the Allocate loop.
 """
 
 from __future__ import annotations
@@ -48,10 +49,8 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from device_plugin.allocate_response import (
     CTR_LOCK_DIR,
@@ -66,14 +65,14 @@ from device_plugin.allocate_response import (
     ENV_VISIBLE,
     ResponseBuilder,
 )
+from device_plugin.allocation_types import AllocatorSettings, Kube, PendingPod
 from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused
-from device_plugin.lock_holder import LockHolder, PendingPod
+from device_plugin.lock_holder import LockHolder
 from device_plugin.recorded_cards import CARD_MISMATCH_REASON, EVENT_COMPONENT, VENDOR, RecordedCards
 from hami import annotations as ann
 from hami.model import ContainerDevice
-from hami.vendors.nvidia import NvidiaConfig
 
 __all__ = [
     "CARD_MISMATCH_REASON",
@@ -96,58 +95,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class Kube(Protocol):
-    """The part of `hami.kube.KubeClient` the allocator uses (sync; called through asyncio.to_thread)."""
-
-    def get_node(self, name: str) -> dict | None: ...
-    def get_pod(self, namespace: str, name: str) -> dict | None: ...
-    def list_pods(self, *, field_selector: str | None = None) -> list[dict]: ...
-    def create_event(
-        self,
-        involved: Mapping[str, Any],
-        *,
-        reason: str,
-        message: str,
-        type: str,
-        component: str,
-        host: str | None,
-    ) -> dict | None: ...
-    def patch_pod_metadata(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        annotations: dict[str, str | None] | None = None,
-        uid: str | None = None,
-    ) -> dict: ...
-
-
-@dataclass(frozen=True)
-class AllocatorSettings:
-    """What Allocate needs besides the pod.
-
-    `hook_path` is HAMi's HOOK_PATH (``/usr/local``): libvgpu lives in ``<hook_path>/vgpu`` on the host and
-    in the container; `lock_dir` the host directory mounted at /tmp/vgpulock.
-    """
-
-    node_name: str
-    scheduler_name: str = "hami-scheduler"
-    resource_name: str = "nvidia.com/gpu"
-    hook_path: str = "/usr/local"
-    lock_dir: str = "/tmp/vgpulock"
-    memory_scaling: float = 1.0
-    core_scaling: float = 1.0
-    lib_cuda_log_level: str = "1"
-    disable_core_limit: bool = False
-    #: The node's ``nvidia`` device config: how a container's spec reads as a request (resource names,
-    #: memoryFactor, defaultMemory, defaultCores), the ceiling of what Allocate serves.
-    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
-
-    @property
-    def vgpu_dir(self) -> Path:
-        return Path(self.hook_path) / "vgpu"
 
 
 class Allocator(LockHolder, RecordedCards, ResponseBuilder):

@@ -19,19 +19,15 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from device_plugin.allocation_types import AllocatorState, PendingPod
 from device_plugin.api import api_pb2 as pb
-from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused
-from device_plugin.lock_holder import PendingPod
 from device_plugin.served import SERVED_DIR, ServedRecords
 from hami import pods
 from hami.errors import InvalidRequest
 from hami.model import ContainerDevice
 from hami.spec_limits import asked_on
 from hami.vendors.nvidia import NvidiaVendor, control_disabled
-
-if TYPE_CHECKING:
-    from device_plugin.allocator import AllocatorSettings, Kube
 
 # The logger keeps the name it had before Allocate was split into parts: documented transcripts name it.
 log = logging.getLogger("device_plugin.allocator")
@@ -42,19 +38,8 @@ EVENT_COMPONENT = "hami-device-plugin"  # source.component of the plugin's event
 CARD_MISMATCH_REASON = "CardMismatch"  # Warning event: kubelet's ids on other cards than recorded
 
 
-class RecordedCards:
+class RecordedCards(AllocatorState):
     """Per-container card checks and reboot re-admission of `device_plugin.allocator.Allocator` (a mixin)."""
-
-    # Set up by `device_plugin.allocator.Allocator.__init__` (shared by all its parts).
-    kube: Kube
-    state: DeviceState
-    settings: AllocatorSettings
-    on_allocated: Callable[[], None]
-    on_preferred_fallback: Callable[[str], None]
-    on_card_mismatch: Callable[[], None]
-    on_readmitted: Callable[[], None]
-    _release_lock: Callable[..., bool]
-    _init_ids: dict[str, set[str]]
 
     if TYPE_CHECKING:
         # Provided by the other parts of Allocator.
