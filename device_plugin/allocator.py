@@ -38,9 +38,9 @@ between. Nothing is written to the pods.
 
 `Allocator` is assembled from its parts: `device_plugin.lock_holder` (finding and validating the lock
 holder, the refusal path), `device_plugin.recorded_cards` (kubelet's ids against the recorded cards,
-reboot re-admission) and `device_plugin.allocate_response` (env and mounts), over the names they share
-in `device_plugin.allocation_types` (settings, the API calls, the pending pod); this module keeps
-GetPreferredAllocation and the Allocate loop.
+the ids preferred on them, reboot re-admission) and `device_plugin.allocate_response` (env and
+mounts), over the names they share in `device_plugin.allocation_types` (settings, the API calls, the
+pending pod); this module keeps the GetPreferredAllocation and Allocate loops.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -97,7 +96,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Allocator(LockHolder, RecordedCards, ResponseBuilder):
+class Allocator(RecordedCards, LockHolder, ResponseBuilder):
     """The production `AllocationPolicy`: serves the pod holding this node's lock. Calls are serialised."""
 
     def __init__(
@@ -156,23 +155,6 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
                 continue
             out.append(self._prefer(req, open_entries[k]))
         return out
-
-    def _prefer(self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]) -> list[str]:
-        available = set(req.available_deviceIDs)
-        chosen: list[str] = [d for d in req.must_include_deviceIDs]
-        covered = Counter(self.state.card_of(d) for d in chosen)
-        for dev in entry:
-            if covered[dev.uuid] > 0:
-                covered[dev.uuid] -= 1
-                continue
-            for rid in self.state.replicas(dev.uuid):
-                if rid in available and rid not in chosen:
-                    chosen.append(rid)
-                    break
-            else:
-                self.on_preferred_fallback("card_unavailable")
-                log.info("no free replica of card %s among kubelet's candidates", dev.uuid)
-        return chosen[: max(req.allocation_size, len(req.must_include_deviceIDs))]
 
     # ----- Allocate
 
