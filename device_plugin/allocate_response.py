@@ -24,8 +24,7 @@ from hami.model import ContainerDevice
 from hami.vendors.nvidia import control_disabled
 
 if TYPE_CHECKING:
-    from device_plugin.allocator import AllocatorSettings
-    from device_plugin.lock_holder import PendingPod
+    from device_plugin.allocation_types import AllocatorSettings, PendingPod
 
 # Env names HAMi-core reads (hami-legacy-spec §3.4).
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"

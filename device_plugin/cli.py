@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ from typing import Any
 
 from device_plugin import backends
 from device_plugin.api import DEFAULT_SOCKET_DIR
-from hami import settings
-from hami.config import DeviceConfig, load_config_file
+from hami import serving, settings
+from hami.config import DeviceConfig
 from hami.errors import HamiError
 
 __all__ = ["ENV_ALIASES", "ENV_PREFIX", "CommandOptions", "build_parser", "main", "parse_options", "run"]
@@ -143,30 +142,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _supplied(config: DeviceConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    # The config file supplies the resource name (per node) and the scheduler name.
+    nvidia = config.nvidia_for_node(values["node_name"] or "")
+    return {"resource_name": nvidia.resourceCountName, "scheduler_name": config.scheduler.schedulerName}
+
+
 def parse_options(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CommandOptions:
     """Flag > ``HAMI_DEVICE_PLUGIN_*`` > HAMi's variable names > device config > default (`hami.settings`).
 
     Exits 2 with the usage message for a bad flag or environment value; raises ConfigError for a bad
     device config file.
     """
-    env = os.environ if env is None else env
     parser = build_parser()
-    loaded: dict[str, DeviceConfig] = {}
-
-    def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
-        # The config file supplies the resource name (per node) and the scheduler name.
-        for problem in settings.file_problems({"--device-config": values["device_config"]}):
-            parser.error(problem)
-        config = loaded["config"] = load_config_file(values["device_config"] or None)
-        nvidia = config.nvidia_for_node(values["node_name"] or "")
-        return {"resource_name": nvidia.resourceCountName, "scheduler_name": config.scheduler.schedulerName}
-
-    values = settings.resolve(
-        parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
+    values, config = serving.resolve_with_device_config(
+        parser,
+        argv,
+        env=env,
+        prefix=ENV_PREFIX,
+        aliases=ENV_ALIASES,
+        flag="--device-config",
+        supplies=_supplied,
     )
     _check_paths(parser, values)
     values["register_interval_s"] = values.pop("register_interval")
-    return CommandOptions(config=loaded["config"], **values)
+    return CommandOptions(config=config, **values)
 
 
 #: AF_UNIX keeps a socket path in a 108-byte ``sun_path`` with its terminating NUL (Linux unix(7)).
@@ -229,49 +229,45 @@ async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> 
         mig_allowlist=nvidia.migProfileAllowlist,
     )
     app = DevicePluginApp(plugin_options, backend, kube)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    try:
-        await stop.wait()
-    finally:
-        await app.stop()
+
+    async def start() -> DevicePluginApp:
+        await app.start()
+        return app
+
+    await serving.serve_until_signalled(start, stop=stop)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console script entry point (``hami-device-plugin = device_plugin.cli:main``).
+def _say(problem: str) -> None:
+    print(f"hami-device-plugin: {problem}", file=sys.stderr)
 
-    Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
-    stderr), 2 for usage errors (missing node name, bad flag or environment value, a path flag naming
-    a missing file or an unusable directory).
-    """
-    try:
-        options = parse_options(argv)
-    except HamiError as e:
-        print(f"hami-device-plugin: {e}", file=sys.stderr)
-        return 1
-    logging.basicConfig(
-        level=logging.DEBUG if options.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not options.node_name:
-        print("hami-device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
-        return 2
-    for problem in settings.file_problems({"--fake-config": options.fake_config}):
-        print(f"hami-device-plugin: {problem}", file=sys.stderr)
-        return 2
-    try:
-        return asyncio.run(run(options))
-    except HamiError as e:
-        print(f"hami-device-plugin: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        # A busy metrics port, an unusable socket directory: one line for the operator, no traceback.
-        print(f"hami-device-plugin: cannot start: {e}", file=sys.stderr)
-        return 1
+
+def _node_name_given(options: CommandOptions) -> list[str]:
+    return [] if options.node_name else ["--node-name (or env NODE_NAME) is required"]
+
+
+def _describe(error: BaseException) -> str:
+    # A busy metrics port, an unusable socket directory: one line for the operator, no traceback.
+    return str(error) if isinstance(error, HamiError) else f"cannot start: {error}"
+
+
+#: Console script entry point (``hami-device-plugin = device_plugin.cli:main``).
+#:
+#: Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
+#: stderr), 2 for usage errors (missing node name, bad flag or environment value, a path flag naming
+#: a missing file or an unusable directory).
+main = serving.ServerMain(
+    parse=parse_options,
+    serve=run,
+    log_level=lambda o: logging.DEBUG if o.verbose else logging.INFO,
+    say=_say,
+    files=lambda o: {"--fake-config": o.fake_config},
+    check=_node_name_given,
+    describe=_describe,
+    config_status=1,
+    start_status=1,
+    log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+)
 
 
 if __name__ == "__main__":
