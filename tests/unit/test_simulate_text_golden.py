@@ -8,8 +8,6 @@ change with ``UPDATE_GOLDEN=1 python -m pytest tests/unit/test_simulate_text_gol
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import yaml
 
@@ -24,6 +22,7 @@ from hami.simulate.mixed import config_for, generate_mixed, parse_vendor_shares
 from hami.simulate.report import summary_text
 from hami.simulate.start import split
 from hami.simulate.workload import DEFAULT_GPU_MODELS, Workload, gpu_node
+from tests.ci import only_on_python
 from tests.golden_text import GOLDEN as GOLDEN_ROOT
 from tests.golden_text import check_golden
 
@@ -156,12 +155,11 @@ def test_goldens_are_not_empty_tables() -> None:
         assert "policy  " in body and "--------" in body, path.name
 
 
+@only_on_python((3, 11), "the help golden is Python 3.11's argparse layout")
 def test_simulate_help(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     # argparse wraps to the terminal's width: fixed here so the file holds every flag and its text. Its
     # layout changes between Python versions (3.13 writes short and long options apart, 3.14 colours):
     # the golden is that of the oldest supported one.
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the help golden is Python 3.11's argparse layout")
     monkeypatch.setenv("COLUMNS", "100")
     with pytest.raises(SystemExit) as done:
         cli.main(["simulate", "--help"])
