@@ -9,7 +9,9 @@
  * processes racing for the last byte, at least one sees the other's addition, so both can
  * never pass. Dead processes are found with kill(pid, 0) plus /proc/<pid>/stat (zombie
  * state, start time against pid reuse) and their slots are zeroed by whoever notices,
- * at most every 500 ms on the hot path and always before an out-of-memory answer.
+ * at most every 500 ms on the hot path and always before an out-of-memory answer. A process
+ * that exits normally is reaped the same way, never by itself: it holds its memory until it is
+ * gone.
  */
 #include <stdatomic.h>
 #include <errno.h>
@@ -104,18 +106,17 @@ static void use_private(const char *why, const char *path) {
     region_key = (vgpu_now_ns() << 20) ^ (uint64_t)getpid() ^ 0x8000000000000000ull;
 }
 
+/* At exit the slot keeps its counters: the process still holds its device memory until the
+ * kernel tears it down, and code may run after this handler (exit handlers registered before
+ * ours, library destructors, other threads) with that memory - or block there for ever. Zeroing
+ * here let such a process keep its memory uncharged and the container allocate it again. The
+ * slot is reaped once the pid is gone (a zombie counts as gone): by the next process that claims
+ * a slot, before any out-of-memory answer, and on the query paths; clearing last_reap_ns lets the
+ * next sweep run at once instead of waiting out the 500 ms interval. */
 static void exit_handler(void) {
     vgpu_region_t *r = vgpu_region;
     if (!r || my_slot < 0 || my_pid != getpid()) return;
-    vgpu_slot_t *s = &r->slots[my_slot];
-    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
-        atomic_store(&s->used[d], 0);
-        atomic_store(&s->data[d], 0);
-        atomic_store(&s->context[d], 0);
-        atomic_store(&s->module[d], 0);
-    }
-    atomic_store(&s->pid, 0);
-    my_slot = -1;
+    atomic_store(&r->last_reap_ns, 0);
 }
 
 static void open_region(void) {
@@ -336,9 +337,11 @@ uint64_t vgpu_device_usage(int rdev) {
     return sum_usage(r, rdev);
 }
 
-/* Adds `bytes` to this process's `used` and to the kind counter `kind` (data[] or module[]),
- * backing out when the container's sum passes the limit. 0 ok, -1 over the limit. */
-static int reserve_kind(int rdev, uint64_t bytes, int module) {
+enum { KIND_DATA, KIND_MODULE, KIND_CONTEXT };
+
+/* Adds `bytes` to this process's `used` and to the kind counter `kind` (data[], module[] or
+ * context[]), backing out when the container's sum passes the limit. 0 ok, -1 over the limit. */
+static int reserve_kind(int rdev, uint64_t bytes, int kind) {
     int slot = vgpu_my_slot();
     vgpu_region_t *r = vgpu_region;
     if (slot < 0 || rdev < 0) return -1;
@@ -349,7 +352,9 @@ static int reserve_kind(int rdev, uint64_t bytes, int module) {
     for (int attempt = 0; attempt < 4; attempt++) {
         atomic_fetch_add(&s->used[rdev], bytes);
         if (limit == VGPU_UNLIMITED || sum_usage(r, rdev) <= limit) {
-            atomic_fetch_add(module ? &s->module[rdev] : &s->data[rdev], bytes);
+            atomic_fetch_add(kind == KIND_MODULE ? &s->module[rdev] : kind == KIND_CONTEXT ? &s->context[rdev]
+                                                                                      : &s->data[rdev],
+                             bytes);
             return 0;
         }
         atomic_fetch_sub(&s->used[rdev], bytes);
@@ -364,8 +369,9 @@ static int reserve_kind(int rdev, uint64_t bytes, int module) {
     return -1;
 }
 
-int vgpu_reserve(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, 0); }
-int vgpu_reserve_module(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, 1); }
+int vgpu_reserve(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, KIND_DATA); }
+int vgpu_reserve_module(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, KIND_MODULE); }
+int vgpu_reserve_context(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, KIND_CONTEXT); }
 
 uint64_t vgpu_my_usage(int rdev) {
     if (my_slot < 0 || rdev < 0 || !vgpu_region) return 0;
@@ -388,13 +394,6 @@ void vgpu_unreserve(int rdev, uint64_t bytes) {
     sub_clamped(&s->data[rdev], bytes);
 }
 
-void vgpu_charge_context(int rdev, uint64_t bytes) {
-    int slot = vgpu_my_slot();
-    if (slot < 0 || rdev < 0) return;
-    vgpu_slot_t *s = &vgpu_region->slots[slot];
-    atomic_fetch_add(&s->used[rdev], bytes);
-    atomic_fetch_add(&s->context[rdev], bytes);
-}
 
 void vgpu_charge_data(int rdev, uint64_t bytes) {
     int slot = vgpu_my_slot();

@@ -27,8 +27,9 @@ int vgpu_reserve_module(int rdev, uint64_t bytes);
 void vgpu_unreserve_module(int rdev, uint64_t bytes);
 /* Bytes this process holds on `rdev` (its own slot's used[]), 0 before it has a slot. */
 uint64_t vgpu_my_usage(int rdev);
-/* Context memory: charged without a limit check (the context exists already), kept apart. */
-void vgpu_charge_context(int rdev, uint64_t bytes);
+/* Context memory, kept apart in context[], limit checked: 0 ok, -1 over the limit (the caller
+ * then destroys the context it just made). */
+int vgpu_reserve_context(int rdev, uint64_t bytes);
 void vgpu_uncharge_context(int rdev, uint64_t bytes);
 /* Allocation memory that exists already (graph memory): into data[], without a limit check. */
 void vgpu_charge_data(int rdev, uint64_t bytes);
