@@ -95,8 +95,19 @@ static void init_header(vgpu_region_t *r) {
     __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
 }
 
+/* Where the config file rules, the region it names is the container's one budget: a process
+ * that cannot use it must not get a budget of its own. A tenant can make it unusable at will (the
+ * file is in its writable directory: garbage in it, a FIFO, a directory or a chmod 000 file in its
+ * place), and per-process accounting then gave every process of the container the whole limit. */
+static int region_closed;
+
 static void use_private(const char *why, const char *path) {
-    VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); accounting is per process from now on", path, why);
+    region_closed = vgpu_config_state() == VGPU_CONFIG_OK;
+    if (region_closed)
+        VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); the config file %s names it as the container's: "
+             "device memory limits fail closed (0 bytes)", path, why, vgpu_config_path());
+    else
+        VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); accounting is per process from now on", path, why);
     if (region_fd >= 0) close(region_fd);
     region_fd = -1;
     void *p = mmap(NULL, sizeof(vgpu_region_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -257,6 +268,7 @@ int vgpu_my_slot(void) {
 }
 
 uint64_t vgpu_device_limit(int rdev) {
+    if (VGPU_UNLIKELY(region_closed)) return 0;
     vgpu_device_t *d = &vgpu_region->devices[rdev];
     if (VGPU_UNLIKELY(!atomic_load(&my_cap_known[rdev]))) {
         pthread_mutex_lock(&cap_mu);

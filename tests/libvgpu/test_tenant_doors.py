@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from .conftest import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB, parse
+from .test_config_file import config
 from .test_multiproc import wait_line
 
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "64m", "FAKE_GPU_MIB": "1024"}
@@ -158,3 +159,40 @@ class TestManyPools:
         ops = [arg for i in range(n) for arg in ("poolcreate", "threshold", str(i), "0", "free", str(i))]
         r = cli.run("init", *ops, "poolcreate", "poolalloc", str(n), "1m", env=LIMIT, timeout=60)
         assert r.codes("poolalloc") == [CUDA_SUCCESS]
+
+
+class TestAnUnusableRegionFailsClosed:
+    """The region file is in the container's writable directory. Where the config file names it,
+    making it unusable (garbage, a FIFO or a directory in its place, no permission) used to give
+    every process a private region - the whole limit each."""
+
+    @staticmethod
+    def _break(cli, how: str) -> None:
+        cli.cache.unlink(missing_ok=True)
+        if how == "garbage":
+            cli.cache.write_bytes(b"not a region" * 100)
+        elif how == "fifo":
+            os.mkfifo(cli.cache)
+        else:
+            cli.cache.mkdir()
+
+    @pytest.mark.parametrize("how", ["garbage", "fifo", "directory"])
+    def test_with_the_config_file_no_process_gets_a_budget_of_its_own(self, cli, how):
+        cli.install(cli.tmp / "vgpu", config(cli.cache))
+        self._break(cli, how)
+        first = cli.popen("init", "alloc", "40m", "hold", env=LIMIT)
+        try:
+            wait_line(first, "hold")
+            r = cli.run("init", "alloc", "40m", "meminfo", env=LIMIT)
+        finally:
+            first.kill()
+            first.wait()
+        assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
+        assert r.lines[-1] == ["meminfo", "0", "0", "0"]
+        assert "device memory limits fail closed (0 bytes)" in r.stderr
+
+    def test_without_a_config_file_a_foreign_file_still_means_per_process_accounting(self, cli):
+        self._break(cli, "garbage")
+        r = cli.run("init", "alloc", "64m", "alloc", "1", env=LIMIT)
+        assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+        assert "accounting is per process from now on" in r.stderr
