@@ -49,12 +49,15 @@ static int config_state = VGPU_CONFIG_NONE;
 static char config_file[4096];
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 
-/* The names the file may carry: the same facts as the environment the plugin sets. */
+/* The names the file may carry: the same facts as the environment the plugin sets, and every knob
+ * of the enforcement itself. LIBVGPU_SM_SLICE_MS is one: a slice the tenant sets to days never
+ * closes, so the limiter never pauses (the plugin does not write it: libvgpu's 250 ms apply). */
 static int known_name(const char *n) {
     static const char *const exact[] = {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_TASK_PRIORITY",
                                         "GPU_CORE_UTILIZATION_POLICY", "LIBVGPU_CARD_DIR",
                                         "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR", "CUDA_DISABLE_CONTROL"};
+                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR", "CUDA_DISABLE_CONTROL",
+                                        "LIBVGPU_SM_SLICE_MS"};
     for (unsigned i = 0; i < sizeof exact / sizeof exact[0]; i++)
         if (!strcmp(n, exact[i])) return 1;
     static const char *const indexed[] = {"CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"};

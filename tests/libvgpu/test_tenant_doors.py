@@ -196,3 +196,13 @@ class TestAnUnusableRegionFailsClosed:
         r = cli.run("init", "alloc", "64m", "alloc", "1", env=LIMIT)
         assert r.codes("alloc") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
         assert "accounting is per process from now on" in r.stderr
+
+
+def test_the_slice_length_is_not_the_tenants_to_set(cli):
+    """A slice of days never closes, so the compute limiter never pauses: where the config file
+    rules, LIBVGPU_SM_SLICE_MS in the environment is ignored like the share itself."""
+    cli.install(cli.tmp / "vgpu", config(cli.cache, sm="50"))
+    r = cli.run("init", "launch", "1", env={**LIMIT, "LIBVGPU_SM_SLICE_MS": "2000000000", "LIBCUDA_LOG_LEVEL": "3"})
+    assert r.codes("launch") == [CUDA_SUCCESS]
+    assert "compute limiter on (slice 250 ms" in r.stderr
+    assert "LIBVGPU_SM_SLICE_MS='2000000000' in the environment is ignored" in r.stderr
