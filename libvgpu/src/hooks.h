@@ -41,7 +41,7 @@
     X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
     X(cuImportExternalMemory) X(cuDestroyExternalMemory) \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) \
-    X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
+    X(cuMemPoolCreate) X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
     X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim)
 
 #define VGPU_CUDA_REAL_ONLY(R) \

@@ -127,6 +127,8 @@ int vgpu_pool_charge(int rdev, uint64_t handle, uint64_t bytes, uint64_t *grown)
     }
     pool_t *p = &pools[i];
     if (p->rdev < 0) p->rdev = rdev; /* first seen through cuMemPoolSetAttribute */
+    /* p->rdev is the pool's own device when cuMemPoolCreate told us (vgpu_pool_created): the driver
+     * takes the memory there, whichever device the calling context is on. */
     uint64_t live = p->live + bytes, grow = live > p->held ? live - p->held : 0;
     if (grow && vgpu_reserve(p->rdev, grow) != 0) {
         pthread_mutex_unlock(&pool_mu);
@@ -186,6 +188,14 @@ void vgpu_pool_set_threshold(uint64_t pool, uint64_t threshold) {
 
 void vgpu_pool_set_current(int cudev, uint64_t pool) {
     if (cudev >= 0 && cudev < DEV_MAX) __atomic_store_n(&current_pool[cudev], (void *)(uintptr_t)pool, __ATOMIC_RELEASE);
+}
+
+void vgpu_pool_created(uint64_t pool, int rdev) {
+    if (!pool || rdev < 0) return;
+    pthread_mutex_lock(&pool_mu);
+    int i = pool_record(pool, rdev);
+    if (i >= 0 && pools[i].live == 0 && pools[i].held == 0) pools[i].rdev = rdev;
+    pthread_mutex_unlock(&pool_mu);
 }
 
 /* A destroyed pool gives back what it held beyond its live allocations (which stay valid

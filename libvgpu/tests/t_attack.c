@@ -12,6 +12,9 @@
  *   copy <path> <bytes>       a copy of libcuda.so.1 under another name: cuInit, primary context
  *                             and cuMemAlloc_v2 of the copy, all looked up with dlsym
  *   ns <bytes>                the same with libcuda.so.1 loaded into a new namespace (dlmopen)
+ *   pool_on <dev> <bytes>     cuMemPoolCreate on device <dev>, then cuMemAllocFromPoolAsync from it
+ *                             with the context of device 0 current (the driver takes the memory on
+ *                             <dev>); prints "pool_on <CUresult>"
  *   exit_hold                 registers an exit handler that outlives the library's: after
  *                             "exit", the process keeps its memory and prints "held"
  *   exit                      exit(0), running the exit handlers
@@ -90,6 +93,17 @@ int main(int argc, char **argv) {
             OUT("copy %d", through(dlopen(ARG(1), RTLD_NOW | RTLD_LOCAL), tu_size(ARG(2)))); i += 2;
         } else if (!strcmp(op, "ns")) {
             OUT("ns %d", through(dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW), tu_size(ARG(1)))); i++;
+        } else if (!strcmp(op, "pool_on")) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = atoi(ARG(1));
+            CUmemoryPool pool = NULL;
+            CUdeviceptr p;
+            r = cuMemPoolCreate(&pool, &props);
+            if (!r) r = cuMemAllocFromPoolAsync(&p, tu_size(ARG(2)), pool, NULL);
+            OUT("pool_on %d", r); i += 2;
         } else if (!strcmp(op, "exit_hold")) {
             atexit(outlive);
             OUT("exit_hold 0");

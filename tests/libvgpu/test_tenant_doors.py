@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from .conftest import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB, parse
+from .region import read_region
 from .test_config_file import config
 from .test_multiproc import wait_line
 
@@ -206,3 +207,16 @@ def test_the_slice_length_is_not_the_tenants_to_set(cli):
     assert r.codes("launch") == [CUDA_SUCCESS]
     assert "compute limiter on (slice 250 ms" in r.stderr
     assert "LIBVGPU_SM_SLICE_MS='2000000000' in the environment is ignored" in r.stderr
+
+
+def test_a_pool_is_charged_to_its_own_device(cli):
+    """A pool made on card 1 takes its memory on card 1, whichever card's context is current: charged
+    to the caller's card 0, a two-card container filled card 1 past its limit from card 0."""
+    env = {"FAKE_GPU_COUNT": "2", "CUDA_DEVICE_MEMORY_LIMIT_0": "64m", "CUDA_DEVICE_MEMORY_LIMIT_1": "64m"}
+    r = attack(cli, "init", "pool_on", "1", "60m", "alloc", "60m", env=env)
+    assert r.codes("pool_on") == [CUDA_SUCCESS]
+    assert r.codes("alloc") == [CUDA_SUCCESS]  # card 0 holds nothing yet
+    region = read_region(cli.cache)
+    used = {d.uuid: sum(s.used[i] for s in region.slots) for i, d in enumerate(region.devices) if d.uuid}
+    assert used == {"GPU-face0000-0000-0000-0000-000000000000": 60 * MIB,
+                    "GPU-face0001-0000-0000-0000-000000000000": 60 * MIB}  # fmt: skip
