@@ -15,6 +15,8 @@
  *   pool_on <dev> <bytes>     cuMemPoolCreate on device <dev>, then cuMemAllocFromPoolAsync from it
  *                             with the context of device 0 current (the driver takes the memory on
  *                             <dev>); prints "pool_on <CUresult>"
+ *   deep <path> <bytes>       dlopen(<path>, RTLD_DEEPBIND) of a library linked against libcuda and
+ *                             calls its deep_alloc(bytes) (a cuMemAlloc_v2 of its own)
  *   exit_hold                 registers an exit handler that outlives the library's: after
  *                             "exit", the process keeps its memory and prints "held"
  *   exit                      exit(0), running the exit handlers
@@ -104,6 +106,10 @@ int main(int argc, char **argv) {
             r = cuMemPoolCreate(&pool, &props);
             if (!r) r = cuMemAllocFromPoolAsync(&p, tu_size(ARG(2)), pool, NULL);
             OUT("pool_on %d", r); i += 2;
+        } else if (!strcmp(op, "deep")) {
+            void *h = dlopen(ARG(1), RTLD_NOW | RTLD_DEEPBIND);
+            CUresult (*fn)(size_t) = h ? (CUresult(*)(size_t))dlsym(h, "deep_alloc") : NULL;
+            OUT("deep %d", fn ? fn(tu_size(ARG(2))) : CUDA_ERROR_NOT_FOUND); i += 2;
         } else if (!strcmp(op, "exit_hold")) {
             atexit(outlive);
             OUT("exit_hold 0");
