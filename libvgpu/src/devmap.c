@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "config.h"
 #include "devmap.h"
 #include "forkreg.h"
 #include "log.h"
@@ -71,6 +72,13 @@ int vgpu_rdev_of_cuda(int cudev) {
         if (rc == CUDA_SUCCESS) format_uuid((const unsigned char *)u.bytes, uuid, sizeof uuid);
         else snprintf(uuid, sizeof uuid, "cuda-ordinal-%d", cudev);
         int idx = vgpu_device_register(uuid, phys_index(cudev, uuid));
+        if (idx < 0 && vgpu_region && vgpu_config_state() != VGPU_CONFIG_NONE) {
+            /* No entry for the card (the region's device table reads full - the file is the
+             * tenant's to write): an unknown device would go unaccounted and unlimited, so this
+             * process accounts against entry 0 with every limit at 0 instead. */
+            vgpu_region_fail_closed("no room for the card in its device table");
+            idx = 0;
+        }
         if (idx >= 0) __atomic_store_n(&rdev_map[cudev], idx + 1, __ATOMIC_RELEASE);
         v = idx + 1;
     }

@@ -101,6 +101,12 @@ static void init_header(vgpu_region_t *r) {
  * place), and per-process accounting then gave every process of the container the whole limit. */
 static int region_closed;
 
+void vgpu_region_fail_closed(const char *why) {
+    if (!__atomic_exchange_n(&region_closed, 1, __ATOMIC_RELAXED))
+        VLOG(VLOG_ERROR, "shared region '%s': %s; the config file %s rules this container: device memory "
+             "limits fail closed (0 bytes)", region_path, why, vgpu_config_path());
+}
+
 static void use_private(const char *why, const char *path) {
     region_closed = vgpu_config_state() == VGPU_CONFIG_OK;
     if (region_closed)

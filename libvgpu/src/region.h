@@ -16,6 +16,9 @@ uint64_t vgpu_region_key(void);
 int vgpu_my_slot(void);                /* claims one on first use; -1 on failure */
 int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
 int vgpu_device_find(const char *uuid);
+/* From now on every device memory limit of this process is 0 (one error line naming `why`): the
+ * region the config file names cannot account for a device. */
+void vgpu_region_fail_closed(const char *why);
 /* The limit this process enforces on region device `rdev`, bytes: the region's (the container's),
  * capped by this process's own ceiling (config.h: vgpu_mem_cap_for). VGPU_UNLIMITED = none. */
 uint64_t vgpu_device_limit(int rdev);

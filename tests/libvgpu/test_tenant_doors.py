@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import struct
 import subprocess
 
 import pytest
@@ -220,3 +221,19 @@ def test_a_pool_is_charged_to_its_own_device(cli):
     used = {d.uuid: sum(s.used[i] for s in region.slots) for i, d in enumerate(region.devices) if d.uuid}
     assert used == {"GPU-face0000-0000-0000-0000-000000000000": 60 * MIB,
                     "GPU-face0001-0000-0000-0000-000000000000": 60 * MIB}  # fmt: skip
+
+
+def test_a_device_table_written_full_does_not_lift_the_limit(cli):
+    """The region is the tenant's to write: a device table that reads full (and no entry naming the
+    card) left a later process's card unregistered, its allocations uncharged and unlimited."""
+    cli.install(cli.tmp / "vgpu", config(cli.cache))
+    assert cli.run("init", "alloc", "1m", env=LIMIT).codes("alloc") == [CUDA_SUCCESS]
+    with open(cli.cache, "r+b") as f:
+        f.seek(32)
+        f.write(struct.pack("<I", 16))  # device_count: the table is full
+        f.seek(4096)
+        f.write(b"GPU-not-this-card\0")  # entry 0 no longer names the card
+    r = cli.run("init", "alloc", "100m", "alloc", "1m", "meminfo", env=LIMIT)
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.lines[-1] == ["meminfo", "0", "0", "0"]
+    assert "no room for the card in its device table" in r.stderr
