@@ -46,6 +46,10 @@ static pthread_once_t region_once = PTHREAD_ONCE_INIT;
  * limit is the container's, written by its first process, and the region file is the tenant's. */
 static uint64_t my_cap[VGPU_MAX_DEVICES];
 static _Atomic int my_cap_known[VGPU_MAX_DEVICES];
+/* The container index this process resolved for each region device (+1; 0 = none yet): the cap is
+ * read for it, not for the entry's phys_index, which a tenant can rewrite to a card with a larger
+ * limit. */
+static _Atomic int my_phys[VGPU_MAX_DEVICES];
 static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void file_lock(int on) {
@@ -279,7 +283,8 @@ uint64_t vgpu_device_limit(int rdev) {
     if (VGPU_UNLIKELY(!atomic_load(&my_cap_known[rdev]))) {
         pthread_mutex_lock(&cap_mu);
         if (!atomic_load(&my_cap_known[rdev])) {
-            my_cap[rdev] = vgpu_mem_cap_for((int)d->phys_index);
+            int phys = atomic_load(&my_phys[rdev]);
+            my_cap[rdev] = vgpu_mem_cap_for(phys > 0 ? phys - 1 : (int)d->phys_index);
             atomic_store(&my_cap_known[rdev], 1);
         }
         pthread_mutex_unlock(&cap_mu);
@@ -303,6 +308,8 @@ int vgpu_device_register(const char *uuid, int phys) {
     int idx = vgpu_device_find(uuid);
     if (idx >= 0) {
         vgpu_device_t *d = &vgpu_region->devices[idx];
+        int none = 0;
+        if (phys >= 0) atomic_compare_exchange_strong(&my_phys[idx], &none, phys + 1);
         uint64_t mine = vgpu_mem_limit_for(phys);
         if (mine != d->limit_bytes && vgpu_config_state() == VGPU_CONFIG_NONE)
             VLOG(VLOG_WARN, "device %s: this process asks for limit %llu bytes, the region holds %llu; "
@@ -335,6 +342,8 @@ int vgpu_device_register(const char *uuid, int phys) {
         }
     }
     unlock_region();
+    int none = 0;
+    if (idx >= 0 && phys >= 0) atomic_compare_exchange_strong(&my_phys[idx], &none, phys + 1);
     return idx;
 }
 

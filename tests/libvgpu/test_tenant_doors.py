@@ -237,3 +237,15 @@ def test_a_device_table_written_full_does_not_lift_the_limit(cli):
     assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_OUT_OF_MEMORY]
     assert r.lines[-1] == ["meminfo", "0", "0", "0"]
     assert "no room for the card in its device table" in r.stderr
+
+
+def test_a_rewritten_device_index_does_not_pick_a_larger_limit(cli):
+    """A device entry's phys_index (and its limit) are the tenant's to rewrite: a process's cap comes
+    from the index it resolved for the card itself, not from the entry."""
+    cli.install(cli.tmp / "vgpu", config(cli.cache, extra="CUDA_DEVICE_MEMORY_LIMIT_1=1g\n"))
+    assert cli.run("init", "alloc", "1m", env=LIMIT).codes("alloc") == [CUDA_SUCCESS]
+    with open(cli.cache, "r+b") as f:
+        f.seek(4096 + 96)
+        f.write(struct.pack("<QII", 2**64 - 1, 100, 1))  # limit: none; sm; phys_index: the 1 GiB card's
+    r = cli.run("init", "alloc", "100m", "alloc", "64m", env={"FAKE_GPU_MIB": "1024"})
+    assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
