@@ -9,7 +9,14 @@ import pytest
 from hami import annotations as A
 from kubefakes.apiserver import FakeApiServer
 from tests.builders import cards, gpu_node, gpu_pod
-from tests.integration.extender_harness import Scheduler, create_pod, dp_allocated, start_extender, wait_ready
+from tests.integration.extender_harness import (
+    Scheduler,
+    create_pod,
+    dp_allocated,
+    start_extender,
+    wait_ready,
+    watches_open,
+)
 
 
 @pytest.fixture
@@ -32,6 +39,8 @@ NODES = ["node1", "node2", "node3"]
 async def test_filter_returns_every_fitting_node_and_writes_nothing(fake_apiserver, extender, session) -> None:
     api, sched = fake_apiserver, Scheduler(session, extender.url)
     pod = create_pod(api, gpu_pod("p", mem=1000, cores=10))
+    # Ready means listed; the watch requests follow the lists and must not land in the counted span.
+    await watches_open(api)
     before = fake_apiserver.request_count
     result = await sched.filter(pod, NODES)
     assert fake_apiserver.request_count == before  # no API call, whatever the number of candidates
