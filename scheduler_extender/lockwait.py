@@ -49,6 +49,10 @@ MAX_PLACES = 10_000
 PACE_WEIGHT = 0.3
 #: Seconds between two looks of one waiter at its chances, at least (each look walks the queue ahead).
 MIN_CHECK_S = 0.5
+#: A waiter is told early when the binds ahead of it, at the node's pace times this, take longer than
+#: what is left of its wait: the pace is an average of the recent handoffs, and under CPU contention
+#: the next ones tend to be slower, so a wait that would just fit usually ends in a timeout.
+HOPELESS_MARGIN = 1.25
 #: Seconds between two looks of a waiter at the node's pace while none was measured yet.
 UNKNOWN_PACE_CHECK_S = 2.0
 #: Seconds after the holder's computed expiry at which its waiter tries again.
@@ -82,7 +86,7 @@ class _Queue:
     """One node's waiters: new tickets in `fresh` (ascending), returning ones in the heap `back`."""
 
     fresh: deque[Waiter] = field(default_factory=deque)
-    back: list[tuple[int, Waiter]] = field(default_factory=list)
+    back: list[tuple[int, int, Waiter]] = field(default_factory=list)  # (ticket, join count, waiter)
     live: int = 0
     # A release (or anything that may have freed the lock) was seen since the last try began.
     released: bool = True
@@ -95,12 +99,12 @@ class _Queue:
         fresh, back = self.fresh, self.back
         while fresh and fresh[0].left:
             fresh.popleft()
-        while back and back[0][1].left:
+        while back and back[0][2].left:
             heapq.heappop(back)
         if not fresh:
-            return back[0][1] if back else None
+            return back[0][2] if back else None
         if back and back[0][0] < fresh[0].ticket:
-            return back[0][1]
+            return back[0][2]
         return fresh[0]
 
     def ahead_of(self, waiter: Waiter) -> int:
@@ -110,7 +114,7 @@ class _Queue:
             if w.ticket >= waiter.ticket:
                 break
             n += not w.left
-        return n + sum(1 for t, w in self.back if t < waiter.ticket and not w.left)
+        return n + sum(1 for t, _, w in self.back if t < waiter.ticket and not w.left)
 
 
 class LockQueues:
@@ -125,6 +129,7 @@ class LockQueues:
         self._queues: dict[str, _Queue] = {}
         self._by_uid: dict[str, list[Waiter]] = {}
         self._tickets = itertools.count()
+        self._joins = itertools.count()
         # pod UID -> (node, ticket, forget at): places of waiters that gave up, for the pod's next bind.
         self._places: OrderedDict[str, tuple[str, int, float]] = OrderedDict()
         # node -> loop time of the last take of its lock through a queue (the holder's start, for the
@@ -201,7 +206,8 @@ class LockQueues:
         kept = self._places.pop(uid, None)
         if kept is not None and kept[0] == node:
             waiter = Waiter(node=node, uid=uid, ticket=kept[1])
-            heapq.heappush(q.back, (waiter.ticket, waiter))
+            # The join count breaks ties: a left entry of the same ticket may still be in the heap.
+            heapq.heappush(q.back, (waiter.ticket, next(self._joins), waiter))
         else:
             waiter = Waiter(node=node, uid=uid, ticket=next(self._tickets))
             q.fresh.append(waiter)
@@ -237,9 +243,10 @@ class LockQueues:
                 if now >= waiter.check_at:
                     waiter.ahead = q.ahead_of(waiter)
                     waiter.expected_s = self._expected_s(q, waiter.ahead, now)
-                    if waiter.expected_s > remaining:
+                    if waiter.expected_s * HOPELESS_MARGIN > remaining:
                         return "hopeless"
-                    waiter.check_at = now + max(remaining - waiter.expected_s, q.pace_s, MIN_CHECK_S)
+                    slack = remaining - waiter.expected_s * HOPELESS_MARGIN
+                    waiter.check_at = now + max(slack, q.pace_s, MIN_CHECK_S)
                 wait_s = min(remaining, waiter.check_at - now)
             waiter.waited = True
             waiter.event.clear()

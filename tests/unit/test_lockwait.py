@@ -135,3 +135,26 @@ async def test_a_waiter_that_cannot_be_served_in_time_is_told_at_once(clock) -> 
     assert not ok.done()
     ok.cancel()
     await asyncio.gather(ok, return_exceptions=True)
+
+
+async def test_a_pod_that_gives_up_twice_comes_back_at_its_place_again(clock) -> None:
+    clock()
+    q = LockQueues()
+    await take(q, "n1", "holder")
+    a = q.join("n1", "a")
+    assert await q.turn(a, FAR) is None
+    q.retry_later(a)
+    b = q.join("n1", "b")
+    loop = asyncio.get_running_loop()
+    for _ in range(3):  # a left entry of the same ticket may still be in the queue when it comes back
+        assert await q.turn(a, loop.time()) == "timeout"
+        q.leave(a, keep_place=True)
+        a = q.join("n1", "a")
+        assert q.waiting("n1") == 2
+    q._notified("n1")
+    assert await q.turn(a, FAR) is None  # a, not b: it kept the older ticket
+    q.leave(a, got_lock=True)
+    b_turn = asyncio.create_task(q.turn(b, FAR))
+    await settle()
+    q._notified("n1")
+    assert await b_turn is None
