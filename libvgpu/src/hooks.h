@@ -20,7 +20,8 @@
     X(cuMemFree) X(cuMemFree_v2) X(cuMemFreeAsync) X(cuMemFreeAsync_ptsz) \
     X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2) X(cuArrayDestroy) \
     X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
-    X(cuMemCreate) X(cuMemRelease) \
+    X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemRetainAllocationHandle) \
+    X(cuMemAddressFree) X(cuMemImportFromShareableHandle) \
     X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
@@ -36,7 +37,8 @@
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
-    R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute)
+    R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute) \
+    R(cuMemGetAllocationPropertiesFromHandle)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

@@ -370,31 +370,7 @@ VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
     return free_tracked(K_MIPMAP, (uint64_t)(uintptr_t)a, do_mipmap_destroy, NULL);
 }
 
-/* ---------------- virtual memory management ---------------- */
-
-/* Only device-located physical memory is charged, to the device named in the properties
- * (not the calling thread's context: NCCL and expandable segments create from any thread). */
-VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                                 unsigned long long flags) {
-    typedef CUresult (*fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-    if (off() || !handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
-    int rdev = vgpu_rdev_of_cuda(prop->location.id);
-    if (rdev >= 0 && vgpu_reserve(rdev, size) != 0) {
-        log_oom(rdev, size, "cuMemCreate");
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    CUresult rc = CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, size); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_VMM, (uint64_t)*handle, rdev, size);
-    return rc;
-}
-
-static CUresult do_release(uint64_t h, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUmemGenericAllocationHandle), cuMemRelease, (CUmemGenericAllocationHandle)h); }
-VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    if (off()) return do_release(h, NULL);
-    return free_tracked(K_VMM, h, do_release, NULL);
-}
+/* virtual memory management: vmmhooks.c */
 
 /* ---------------- imported memory ---------------- */
 

@@ -1,0 +1,268 @@
+/*
+ * vmmhooks.c - the virtual memory management API (cuMemCreate, cuMemMap, ...) charged for as
+ * long as the driver keeps the physical memory, not as long as the program holds the handle.
+ *
+ * Why: the documented idiom is create -> reserve a VA range -> map -> cuMemRelease the handle
+ * at once; the memory stays allocated until its last mapping is unmapped (NCCL's cuMem path
+ * and PyTorch's expandable segments do this). Giving the charge back at the release let a
+ * tenant hold any amount of mapped memory uncharged. So each allocation handle carries
+ *   refs: cuMemCreate / cuMemImportFromShareableHandle (1) + cuMemRetainAllocationHandle
+ *         (which returns the same handle value) - cuMemRelease;
+ *   maps: live cuMemMap mappings of it;
+ * and its charge is given back when both reach 0, which is when the driver frees it.
+ *
+ * Imported handles (cuMemImportFromShareableHandle: memory another process allocated and
+ * exported) are charged to the importer, at the extent it maps (offset + size; an import's size
+ * is not visible before it is mapped), limit checked before the mapping is made. The exporter
+ * stays charged for as long as it holds the memory itself; while both hold it the bytes count
+ * twice, which is the price of not letting the exporter release its charge while an importer
+ * keeps the memory alive.
+ *
+ * cuMemAddressFree of a range that still holds mappings: the driver may unmap them (the memory
+ * is then freed when released) or keep the memory; the device's free memory is measured across
+ * the call and the charges of the mappings are given back only when the memory came back.
+ */
+#include <cuda.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include "config.h"
+#include "devmap.h"
+#include "forkreg.h"
+#include "log.h"
+#include "measure.h"
+#include "real.h"
+#include "region.h"
+
+typedef struct vmm {
+    CUmemGenericAllocationHandle h;
+    int rdev;
+    int imported;
+    uint64_t bytes; /* charged */
+    int refs, maps;
+    struct vmm *next;
+} vmm_t;
+typedef struct vmap {
+    CUdeviceptr va;
+    size_t size;
+    vmm_t *a;
+    struct vmap *next;
+} vmap_t;
+
+static vmm_t *allocs;
+static vmap_t *maps;
+/* Held across the driver call of every hook here: a handle value the driver frees and hands out
+ * again cannot be confused with the old one, and a map/unmap pair is never seen out of order. */
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void vmm_after_fork(void) {
+    pthread_mutex_init(&vmm_mu, NULL);
+    while (allocs) { vmm_t *n = allocs->next; free(allocs); allocs = n; }
+    while (maps) { vmap_t *n = maps->next; free(maps); maps = n; }
+}
+__attribute__((constructor)) static void vmm_register_fork(void) { vgpu_on_fork_child(vmm_after_fork); }
+
+static vmm_t *find(CUmemGenericAllocationHandle h) {
+    for (vmm_t *a = allocs; a; a = a->next)
+        if (a->h == h) return a;
+    return NULL;
+}
+
+static void add_alloc(CUmemGenericAllocationHandle h, int rdev, uint64_t bytes, int imported) {
+    vmm_t *a = malloc(sizeof *a);
+    if (!a) return;
+    *a = (vmm_t){h, rdev, imported, bytes, 1, 0, allocs};
+    allocs = a;
+}
+
+/* Caller holds vmm_mu: gives the charge back and forgets `a` once the driver has freed it. */
+static void maybe_gone(vmm_t *a) {
+    if (a->refs > 0 || a->maps > 0) return;
+    vgpu_unreserve(a->rdev, a->bytes);
+    VLOG(VLOG_DEBUG, "VMM allocation %#llx freed: %llu bytes given back", (unsigned long long)a->h,
+         (unsigned long long)a->bytes);
+    for (vmm_t **pp = &allocs; *pp; pp = &(*pp)->next)
+        if (*pp == a) { *pp = a->next; break; }
+    free(a);
+}
+
+static void log_oom(int rdev, uint64_t bytes, const char *api) {
+    if (!vgpu_region) return;
+    VLOG(VLOG_WARN, "%s: out of memory on %s: %llu bytes requested, %llu in use, limit %llu", api,
+         vgpu_region->devices[rdev].uuid, (unsigned long long)bytes,
+         (unsigned long long)vgpu_device_usage(rdev), (unsigned long long)vgpu_region->devices[rdev].limit_bytes);
+}
+
+/* Only device-located physical memory is charged, to the device named in the properties
+ * (not the calling thread's context: NCCL and expandable segments create from any thread). */
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                                 unsigned long long flags) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    if (vgpu_control_disabled() || !handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
+    int rdev = vgpu_rdev_of_cuda(prop->location.id);
+    if (rdev >= 0 && vgpu_reserve(rdev, size) != 0) {
+        log_oom(rdev, size, "cuMemCreate");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS) {
+        if (rdev >= 0) vgpu_unreserve(rdev, size);
+    } else if (rdev >= 0) {
+        add_alloc(*handle, rdev, size, 0);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMemRelease, h);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMemRelease, h);
+    vmm_t *a = rc == CUDA_SUCCESS ? find(h) : NULL;
+    if (a && a->refs > 0) {
+        a->refs--;
+        maybe_gone(a);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle *, void *);
+    if (vgpu_control_disabled() || !handle) return CALL_REAL(fn, cuMemRetainAllocationHandle, handle, addr);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMemRetainAllocationHandle, handle, addr);
+    vmm_t *a = rc == CUDA_SUCCESS ? find(*handle) : NULL;
+    if (a) a->refs++; /* the same handle again: one more cuMemRelease to come, no new memory */
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                              unsigned long long flags) {
+    typedef CUresult (*fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMemMap, ptr, size, offset, h, flags);
+    pthread_mutex_lock(&vmm_mu);
+    vmm_t *a = find(h);
+    uint64_t grow = 0;
+    if (a && a->imported && (uint64_t)offset + size > a->bytes) {
+        /* an import is charged at the extent mapped, before the mapping exists */
+        grow = (uint64_t)offset + size - a->bytes;
+        if (vgpu_reserve(a->rdev, grow) != 0) {
+            log_oom(a->rdev, grow, "cuMemMap");
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    CUresult rc = CALL_REAL(fn, cuMemMap, ptr, size, offset, h, flags);
+    if (a) {
+        vmap_t *m = rc == CUDA_SUCCESS ? malloc(sizeof *m) : NULL;
+        if (rc != CUDA_SUCCESS) {
+            if (grow) vgpu_unreserve(a->rdev, grow);
+        } else {
+            a->bytes += grow;
+            a->maps++;
+            if (m) {
+                *m = (vmap_t){ptr, size, a, maps};
+                maps = m;
+            }
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+/* Caller holds vmm_mu: forgets the mappings inside [ptr, ptr + size); their allocations lose a
+ * mapping each (and their charge once the driver frees them) when `unmapped`, else they keep it
+ * (the memory is still held: the charge stays until the process exits). */
+static void drop_maps(CUdeviceptr ptr, size_t size, int unmapped) {
+    for (vmap_t **pp = &maps, *m; (m = *pp);) {
+        if (m->va >= ptr && m->va - ptr < size) {
+            *pp = m->next;
+            if (unmapped) {
+                m->a->maps--;
+                maybe_gone(m->a);
+            }
+            free(m);
+        } else {
+            pp = &m->next;
+        }
+    }
+}
+
+VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    typedef CUresult (*fn)(CUdeviceptr, size_t);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMemUnmap, ptr, size);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMemUnmap, ptr, size);
+    if (rc == CUDA_SUCCESS) drop_maps(ptr, size, 1);
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+/* Bytes the driver would free if the mappings inside the range went away now. */
+static uint64_t freed_by_unmapping(CUdeviceptr ptr, size_t size, int *any) {
+    uint64_t bytes = 0;
+    *any = 0;
+    for (vmm_t *a = allocs; a; a = a->next) {
+        int inside = 0;
+        for (vmap_t *m = maps; m; m = m->next)
+            if (m->a == a && m->va >= ptr && m->va - ptr < size) inside++;
+        if (inside) *any = 1;
+        if (inside && inside == a->maps && a->refs == 0) bytes += a->bytes;
+    }
+    return bytes;
+}
+
+VGPU_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    typedef CUresult (*fn)(CUdeviceptr, size_t);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMemAddressFree, ptr, size);
+    pthread_mutex_lock(&vmm_mu);
+    int any = 0;
+    uint64_t expect = freed_by_unmapping(ptr, size, &any), used0 = 0, used1 = 0;
+    int measured = 0;
+    if (any) {
+        vgpu_measure_lock();
+        measured = vgpu_device_used(&used0) == 0;
+    }
+    CUresult rc = CALL_REAL(fn, cuMemAddressFree, ptr, size);
+    if (any) {
+        measured = measured && vgpu_device_used(&used1) == 0;
+        vgpu_measure_unlock();
+        if (rc == CUDA_SUCCESS) {
+            /* given back only when the card got the memory back; a VA range freed under live
+             * mappings whose memory the driver keeps stays charged */
+            int gave_back = measured && used0 >= used1 && used0 - used1 >= expect;
+            if (!gave_back)
+                VLOG(VLOG_WARN, "cuMemAddressFree of %#llx with live mappings: the memory stays charged",
+                     (unsigned long long)ptr);
+            drop_maps(ptr, size, gave_back);
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os,
+                                                    CUmemAllocationHandleType type) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle *, void *, CUmemAllocationHandleType);
+    typedef CUresult (*props_t)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+    if (vgpu_control_disabled() || !handle) return CALL_REAL(fn, cuMemImportFromShareableHandle, handle, os, type);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMemImportFromShareableHandle, handle, os, type);
+    if (rc == CUDA_SUCCESS) {
+        vmm_t *a = find(*handle);
+        CUmemAllocationProp prop = {0};
+        if (a) {
+            a->refs++; /* our own export imported again: the same allocation */
+        } else if (CALL_REAL(props_t, cuMemGetAllocationPropertiesFromHandle, &prop, *handle) == CUDA_SUCCESS &&
+                   prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+            int rdev = vgpu_rdev_of_cuda(prop.location.id);
+            if (rdev >= 0) add_alloc(*handle, rdev, 0, 1);
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
