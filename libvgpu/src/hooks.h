@@ -33,12 +33,15 @@
     X(cuImportExternalMemory) X(cuDestroyExternalMemory) \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) \
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
-    X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim)
+    X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim) \
+    X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) \
+    X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecDestroy)
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
     R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute) \
-    R(cuMemGetAllocationPropertiesFromHandle)
+    R(cuMemGetAllocationPropertiesFromHandle) \
+    R(cuGraphGetNodes) R(cuGraphNodeGetType) R(cuGraphMemAllocNodeGetParams) R(cuGraphChildGraphNodeGetGraph)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

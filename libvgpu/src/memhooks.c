@@ -131,6 +131,16 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
     ALLOC_BODY("cuMemAllocManaged", bytes, CALL_REAL(fn, cuMemAllocManaged, dptr, bytes, flags), *dptr);
 }
 
+/* During stream capture cuMemAllocAsync allocates nothing: it adds a memory-allocation node to
+ * the graph being captured, whose memory graphmem.c checks when the graph is instantiated and
+ * launched. Charging it to the stream's pool here would count it twice. */
+static int capturing(CUstream s) {
+    typedef CUresult (*cap_t)(CUstream, CUstreamCaptureStatus *);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!s) return 0; /* the legacy stream cannot capture */
+    return CALL_REAL(cap_t, cuStreamIsCapturing, s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Stream-ordered allocations are charged through their pool's model (pools.c): memory the pool
  * keeps after frees stays charged until a synchronisation or cuMemPoolTrimTo releases it. */
 #define POOL_ALLOC_BODY(api, bytes, poolh, realcall)                                           \
@@ -138,6 +148,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
         CUdevice d_;                                                                           \
         int rdev_ = -1, pidx_ = -1;                                                            \
         uint64_t grown_ = 0;                                                                   \
+        if (capturing(s)) return (realcall); /* a graph node: charged at instantiation */      \
         if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d_) == CUDA_SUCCESS)            \
             rdev_ = vgpu_rdev_of_cuda((int)d_);                                                \
         if (rdev_ >= 0) {                                                                      \
