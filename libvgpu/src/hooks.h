@@ -35,13 +35,14 @@
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
     X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim) \
     X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) \
-    X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecDestroy)
+    X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecDestroy) X(cuCtxSetLimit)
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
     R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute) \
     R(cuMemGetAllocationPropertiesFromHandle) \
-    R(cuGraphGetNodes) R(cuGraphNodeGetType) R(cuGraphMemAllocNodeGetParams) R(cuGraphChildGraphNodeGetGraph)
+    R(cuGraphGetNodes) R(cuGraphNodeGetType) R(cuGraphMemAllocNodeGetParams) R(cuGraphChildGraphNodeGetGraph) \
+    R(cuCtxGetLimit) R(cuDeviceGetAttribute)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

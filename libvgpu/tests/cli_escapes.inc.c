@@ -13,7 +13,7 @@
  *   execlaunch|execupload <exec id>;  execdestroy <exec id>
  *   streamcreate -> stream id; capture <stream id>; capalloc <stream id> <bytes> -> ptr id;
  *   capfree <stream id> <ptr id>; capend <stream id> -> graph id
- *   setlimit <stack|printf|heap> <bytes>   cuCtxSetLimit
+ *   setlimit <stack|printf|heap|pending> <value>   cuCtxSetLimit; prints the limit's value after it
  */
 #undef cuStreamBeginCapture
 #undef cuStreamEndCapture
@@ -132,10 +132,13 @@ static int escape_op(int argc, char **argv, int *pi) {
     } else if (!strcmp(op, "setlimit")) {
         const char *which = ARG(1);
         CUlimit l = !strcmp(which, "stack") ? CU_LIMIT_STACK_SIZE
-                    : !strcmp(which, "printf") ? CU_LIMIT_PRINTF_FIFO_SIZE : CU_LIMIT_MALLOC_HEAP_SIZE;
+                    : !strcmp(which, "printf") ? CU_LIMIT_PRINTF_FIFO_SIZE
+                    : !strcmp(which, "pending") ? CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT : CU_LIMIT_MALLOC_HEAP_SIZE;
         r = cuCtxSetLimit(l, tu_size(ARG(2)));
         i += 2;
-        OUT("setlimit %d", r);
+        size_t now = 0;
+        cuCtxGetLimit(&now, l);
+        OUT("setlimit %d %zu", r, now);
     } else {
         return 0;
     }

@@ -14,7 +14,8 @@
  *        device's graph pool at the first cuGraphUpload / cuGraphLaunch of an instantiation
  *        (kept until cuDeviceGraphMemTrim).
  *   Limits: cuCtxSetLimit of the malloc heap and printf FIFO takes (value - default) bytes at
- *        once, of the stack size (value - default) x FAKE_SM_COUNT (4) x 2048 threads.
+ *        once, of the stack size (value - default) x FAKE_SM_COUNT (4) x 2048 threads, of the
+ *        device runtime's pending launch count (value - default) KiB.
  *   IPC: cuMemGetAddressRange of an imported address answers the exporter's allocation size.
  */
 #undef cuGraphInstantiate
@@ -353,16 +354,21 @@ static int captured_free(CUstream s) {
 }
 
 /* ---------------- context limits ---------------- */
-static uint64_t limit_val[3] = {1024, 1u << 20, 8u << 20}; /* stack, printf FIFO, malloc heap */
+/* stack, printf FIFO, malloc heap, device-runtime sync depth, pending launch count */
+static const uint64_t limit_default[5] = {1024, 1u << 20, 8u << 20, 2, 2048};
+static uint64_t limit_val[5] = {1024, 1u << 20, 8u << 20, 2, 2048};
 static uint64_t fake_sms(void) { const char *s = getenv("FAKE_SM_COUNT"); return s ? strtoull(s, NULL, 10) : 4; }
-static uint64_t limit_bytes(int l, uint64_t v) { return l == CU_LIMIT_STACK_SIZE ? v * fake_sms() * 2048 : v; }
-static uint64_t limit_taken[FAKE_MAX_DEV][3];
+static uint64_t limit_bytes(int l, uint64_t v) {
+    return l == CU_LIMIT_STACK_SIZE ? v * fake_sms() * 2048 : l == CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT ? v << 10
+           : l == CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH ? 0 : v;
+}
+static uint64_t limit_taken[FAKE_MAX_DEV][5];
 EXPORT CUresult cuCtxSetLimit(CUlimit l, size_t v) {
     COUNT(); NEED_INIT();
     if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    if ((int)l > 2) return CUDA_SUCCESS; /* other limits take no memory here */
+    if ((int)l > 4) return CUDA_SUCCESS; /* other limits take no memory here */
     int p = visible[cur_dev];
-    uint64_t def = limit_bytes(l, (uint64_t[]){1024, 1u << 20, 8u << 20}[l]), want = limit_bytes(l, v);
+    uint64_t def = limit_bytes(l, limit_default[l]), want = limit_bytes(l, v);
     uint64_t extra = want > def ? want - def : 0, have = limit_taken[p][l];
     if (extra > have) {
         uint64_t cap = fake_capacity(p), cur = atomic_load(&fake_phys()->used[p]);
@@ -378,8 +384,7 @@ EXPORT CUresult cuCtxSetLimit(CUlimit l, size_t v) {
 }
 EXPORT CUresult cuCtxGetLimit(size_t *v, CUlimit l) {
     COUNT(); NEED_INIT();
-    if ((int)l > 2) { *v = 0; return CUDA_SUCCESS; }
-    *v = limit_val[l];
+    *v = (int)l > 4 ? 0 : limit_val[l];
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
