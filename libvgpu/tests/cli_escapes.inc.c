@@ -13,6 +13,7 @@
  *   execlaunch|execupload <exec id>;  execdestroy <exec id>
  *   streamcreate -> stream id; capture <stream id>; capalloc <stream id> <bytes> -> ptr id;
  *   capfree <stream id> <ptr id>; capend <stream id> -> graph id
+ *   poolimport <ptr id>         cuMemPoolExportPointer + cuMemPoolImportPointer -> ptr id (cuMemFreeAsync frees it)
  *   setlimit <stack|printf|heap|pending> <value>   cuCtxSetLimit; prints the limit's value after it
  */
 #undef cuStreamBeginCapture
@@ -129,6 +130,13 @@ static int escape_op(int argc, char **argv, int *pi) {
         CUgraph g = NULL;
         r = cuStreamEndCapture((CUstream)(uintptr_t)ids[id].v, &g);
         OUT("capend %d %d", r, r ? -1 : add_id(K_GRAPH, (uintptr_t)g));
+    } else if (!strcmp(op, "poolimport")) {
+        int id = atoi(ARG(1)); i++;
+        CUmemPoolPtrExportData d;
+        CUdeviceptr p = 0;
+        r = cuMemPoolExportPointer(&d, (CUdeviceptr)ids[id].v);
+        if (!r) r = cuMemPoolImportPointer(&p, NULL, &d);
+        OUT("poolimport %d %d", r, r ? -1 : add_id(K_ASYNC, p));
     } else if (!strcmp(op, "setlimit")) {
         const char *which = ARG(1);
         CUlimit l = !strcmp(which, "stack") ? CU_LIMIT_STACK_SIZE

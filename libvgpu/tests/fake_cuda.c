@@ -227,6 +227,7 @@ static CUresult phys_alloc(int dev, uint64_t bytes, uint64_t *key) {
     return CUDA_SUCCESS;
 }
 static CUresult phys_free(uint64_t key) {
+    if (key >= 0x4000000000ull && key < 0x5000000000ull) return CUDA_SUCCESS; /* an imported pool pointer: unmapped */
     pthread_mutex_lock(&amu);
     alloc_t **pp = &allocs, *a;
     while ((a = *pp) && a->key != key) pp = &a->next;

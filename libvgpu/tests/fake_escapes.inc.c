@@ -411,6 +411,22 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     return CUDA_ERROR_NOT_FOUND;
 }
 
+/* Pool pointers shared between processes: the import maps the exporter's memory (no new memory),
+ * at the address an IPC import would get; freeing it (cuMemFree*) unmaps it (phys_free). */
+EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *d, CUdeviceptr p) {
+    COUNT(); NEED_INIT();
+    memset(d, 0, sizeof *d);
+    memcpy(d->reserved, &p, sizeof p);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrExportData *d) {
+    COUNT(); NEED_INIT();
+    CUdeviceptr base;
+    memcpy(&base, d->reserved, sizeof base);
+    *p = base + 0x4000000000ull;
+    return CUDA_SUCCESS;
+}
+
 #define FAKE_ESCAPE_PROCS \
     P(cuMemAddressReserve, 10020), P(cuMemAddressFree, 10020), P(cuMemMap, 10020), P(cuMemUnmap, 10020), \
     P(cuMemRetainAllocationHandle, 11000), P(cuMemExportToShareableHandle, 10020), \
@@ -422,4 +438,5 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
     P(cuGraphInstantiateWithParams, 12000), P(cuGraphInstantiateWithParams_ptsz, 12000), \
     P(cuGraphExecDestroy, 10000), P(cuStreamCreate, 2000), P(cuStreamBeginCapture_v2, 10010), \
     P(cuStreamEndCapture, 10000), P(cuStreamIsCapturing, 10000), P(cuCtxSetLimit, 3010), P(cuCtxGetLimit, 3010), \
-    P(cuDeviceGetAttribute, 2000), P(cuMemGetAddressRange_v2, 3020),
+    P(cuDeviceGetAttribute, 2000), P(cuMemGetAddressRange_v2, 3020), P(cuMemPoolExportPointer, 11020), \
+    P(cuMemPoolImportPointer, 11020),
