@@ -21,7 +21,7 @@
     X(cuArrayCreate) X(cuArrayCreate_v2) X(cuArray3DCreate) X(cuArray3DCreate_v2) X(cuArrayDestroy) \
     X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
     X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemRetainAllocationHandle) \
-    X(cuMemAddressFree) X(cuMemImportFromShareableHandle) \
+    X(cuMemAddressFree) X(cuMemImportFromShareableHandle) X(cuMemMapArrayAsync) \
     X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \

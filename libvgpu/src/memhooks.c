@@ -39,8 +39,6 @@
 #undef cuMemGetInfo
 #undef cuDeviceTotalMem
 #undef cuMemAllocPitch
-#undef cuArrayCreate
-#undef cuArray3DCreate
 #undef cuMemAllocAsync
 #undef cuMemFreeAsync
 #undef cuMemAllocFromPoolAsync
@@ -272,114 +270,7 @@ VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
     return free_tracked(K_PTR, p, do_free_async_ptsz, s);
 }
 
-/* ---------------- arrays ---------------- */
-
-static uint64_t format_bytes(CUarray_format f) {
-    switch ((int)f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: case CU_AD_FORMAT_UNORM_INT8X1:
-    case CU_AD_FORMAT_SNORM_INT8X1: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF:
-    case CU_AD_FORMAT_UNORM_INT8X2: case CU_AD_FORMAT_SNORM_INT8X2: case CU_AD_FORMAT_UNORM_INT16X1:
-    case CU_AD_FORMAT_SNORM_INT16X1: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT:
-    case CU_AD_FORMAT_UNORM_INT8X4: case CU_AD_FORMAT_SNORM_INT8X4: case CU_AD_FORMAT_UNORM_INT16X2:
-    case CU_AD_FORMAT_SNORM_INT16X2: return 4;
-    case CU_AD_FORMAT_UNORM_INT16X4: case CU_AD_FORMAT_SNORM_INT16X4: return 8;
-    default: return 4; /* block-compressed and video formats: at most 4 bytes per element */
-    }
-}
-
-static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch) {
-    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * format_bytes(f) * (ch ? ch : 1);
-}
-
-VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
-    typedef CUresult (*fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArrayCreate_v2, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArrayCreate_v2");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArrayCreate_v2, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
-    typedef CUresult (*fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArray3DCreate_v2, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArray3DCreate_v2");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArray3DCreate_v2, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-/* v1 descriptors (CUDA < 3.2): 32-bit dimensions. */
-typedef struct { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; } array_desc_v1_t;
-typedef struct {
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-} array3d_desc_v1_t;
-
-VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const array_desc_v1_t *desc) {
-    typedef CUresult (*fn)(CUarray *, const array_desc_v1_t *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArrayCreate, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArrayCreate");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArrayCreate, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const array3d_desc_v1_t *desc) {
-    typedef CUresult (*fn)(CUarray *, const array3d_desc_v1_t *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArray3DCreate, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArray3DCreate");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArray3DCreate, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-static CUresult do_array_destroy(uint64_t a, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUarray), cuArrayDestroy, (CUarray)(uintptr_t)a); }
-VGPU_EXPORT CUresult cuArrayDestroy(CUarray a) {
-    if (off()) return do_array_destroy((uint64_t)(uintptr_t)a, NULL);
-    return free_tracked(K_ARRAY, (uint64_t)(uintptr_t)a, do_array_destroy, NULL);
-}
-
-VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *desc,
-                                            unsigned int levels) {
-    typedef CUresult (*fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
-    if (off() || !h || !desc) return CALL_REAL(fn, cuMipmappedArrayCreate, h, desc, levels);
-    uint64_t bytes = 0;
-    size_t w = desc->Width, ht = desc->Height, d = desc->Depth;
-    for (unsigned i = 0; i < (levels ? levels : 1); i++) {
-        bytes += array_bytes(w, ht, d, desc->Format, desc->NumChannels);
-        w = w > 1 ? w / 2 : 1;
-        ht = ht > 1 ? ht / 2 : ht;
-        d = d > 1 ? d / 2 : d;
-    }
-    int rdev = reserve_current(bytes, "cuMipmappedArrayCreate");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuMipmappedArrayCreate, h, desc, levels);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_MIPMAP, (uint64_t)(uintptr_t)*h, rdev, bytes);
-    return rc;
-}
-
-static CUresult do_mipmap_destroy(uint64_t a, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUmipmappedArray), cuMipmappedArrayDestroy, (CUmipmappedArray)(uintptr_t)a); }
-VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
-    if (off()) return do_mipmap_destroy((uint64_t)(uintptr_t)a, NULL);
-    return free_tracked(K_MIPMAP, (uint64_t)(uintptr_t)a, do_mipmap_destroy, NULL);
-}
+/* arrays and mipmapped arrays: arrayhooks.c */
 
 /* virtual memory management: vmmhooks.c */
 

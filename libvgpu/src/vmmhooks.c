@@ -18,6 +18,12 @@
  * twice, which is the price of not letting the exporter release its charge while an importer
  * keeps the memory alive.
  *
+ * Sparse arrays: cuMemMapArrayAsync maps handles into an array's tiles, which keeps their memory
+ * as a cuMemMap does; each such mapping lasts, for the accounting, until the array is destroyed
+ * (an unmap operation names no handle, so it cannot be matched; the charge errs on the safe
+ * side). An imported handle mapped only into arrays is not charged: the extent a tile mapping
+ * reaches is not given in bytes.
+ *
  * cuMemAddressFree of a range that still holds mappings: the driver may unmap them (the memory
  * is then freed when released) or keep the memory; the device's free memory is measured across
  * the call and the charges of the mappings are given back only when the memory came back.
@@ -32,6 +38,7 @@
 #include "measure.h"
 #include "real.h"
 #include "region.h"
+#include "vmm.h"
 
 typedef struct vmm {
     CUmemGenericAllocationHandle h;
@@ -46,6 +53,7 @@ typedef struct vmap {
     size_t size;
     vmm_t *a;
     struct vmap *next;
+    uint64_t array; /* mapped into this sparse (mipmapped) array by cuMemMapArrayAsync; 0: at va */
 } vmap_t;
 
 static vmm_t *allocs;
@@ -165,7 +173,7 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
             a->bytes += grow;
             a->maps++;
             if (m) {
-                *m = (vmap_t){ptr, size, a, maps};
+                *m = (vmap_t){ptr, size, a, maps, 0};
                 maps = m;
             }
         }
@@ -179,7 +187,7 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
  * (the memory is still held: the charge stays until the process exits). */
 static void drop_maps(CUdeviceptr ptr, size_t size, int unmapped) {
     for (vmap_t **pp = &maps, *m; (m = *pp);) {
-        if (m->va >= ptr && m->va - ptr < size) {
+        if (!m->array && m->va >= ptr && m->va - ptr < size) {
             *pp = m->next;
             if (unmapped) {
                 m->a->maps--;
@@ -209,7 +217,7 @@ static uint64_t freed_by_unmapping(CUdeviceptr ptr, size_t size, int *any) {
     for (vmm_t *a = allocs; a; a = a->next) {
         int inside = 0;
         for (vmap_t *m = maps; m; m = m->next)
-            if (m->a == a && m->va >= ptr && m->va - ptr < size) inside++;
+            if (m->a == a && !m->array && m->va >= ptr && m->va - ptr < size) inside++;
         if (inside) *any = 1;
         if (inside && inside == a->maps && a->refs == 0) bytes += a->bytes;
     }
@@ -265,4 +273,44 @@ VGPU_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle
     }
     pthread_mutex_unlock(&vmm_mu);
     return rc;
+}
+
+VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count, CUstream s) {
+    typedef CUresult (*fn)(CUarrayMapInfo *, unsigned int, CUstream);
+    if (vgpu_control_disabled() || !list) return CALL_REAL(fn, cuMemMapArrayAsync, list, count, s);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMemMapArrayAsync, list, count, s);
+    if (rc == CUDA_SUCCESS) {
+        for (unsigned i = 0; i < count; i++) {
+            CUarrayMapInfo *mi = &list[i];
+            if (mi->memOperationType != CU_MEM_OPERATION_TYPE_MAP || mi->memHandleType != CU_MEM_HANDLE_TYPE_GENERIC)
+                continue;
+            vmm_t *a = find(mi->memHandle.memHandle);
+            vmap_t *m = a ? malloc(sizeof *m) : NULL;
+            if (!m) continue;
+            uint64_t arr = mi->resourceType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY ? (uint64_t)(uintptr_t)mi->resource.mipmap
+                                                                                : (uint64_t)(uintptr_t)mi->resource.array;
+            a->maps++;
+            *m = (vmap_t){0, 0, a, maps, arr ? arr : 1};
+            maps = m;
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+void vgpu_vmm_array_gone(uint64_t array) {
+    if (!array || !maps) return;
+    pthread_mutex_lock(&vmm_mu);
+    for (vmap_t **pp = &maps, *m; (m = *pp);) {
+        if (m->array == array) {
+            *pp = m->next;
+            m->a->maps--;
+            maybe_gone(m->a);
+            free(m);
+        } else {
+            pp = &m->next;
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
 }

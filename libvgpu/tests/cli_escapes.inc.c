@@ -14,6 +14,9 @@
  *   streamcreate -> stream id; capture <stream id>; capalloc <stream id> <bytes> -> ptr id;
  *   capfree <stream id> <ptr id>; capend <stream id> -> graph id
  *   poolimport <ptr id>         cuMemPoolExportPointer + cuMemPoolImportPointer -> ptr id (cuMemFreeAsync frees it)
+ *   sparse <w> <h> <d>          a sparse 3D float array -> array id (free <id> destroys it)
+ *   arraymap <array id> <vmm id>   cuMemMapArrayAsync the handle into the array's mip tail
+ *   arrayfmt <format> <channels> <w> <h>   cuArray3DCreate of any format (number) -> array id
  *   setlimit <stack|printf|heap|pending> <value>   cuCtxSetLimit; prints the limit's value after it
  */
 #undef cuStreamBeginCapture
@@ -137,6 +140,33 @@ static int escape_op(int argc, char **argv, int *pi) {
         r = cuMemPoolExportPointer(&d, (CUdeviceptr)ids[id].v);
         if (!r) r = cuMemPoolImportPointer(&p, NULL, &d);
         OUT("poolimport %d %d", r, r ? -1 : add_id(K_ASYNC, p));
+    } else if (!strcmp(op, "sparse") || !strcmp(op, "arrayfmt")) {
+        CUDA_ARRAY3D_DESCRIPTOR d;
+        memset(&d, 0, sizeof d);
+        if (!strcmp(op, "sparse")) {
+            d.Format = CU_AD_FORMAT_FLOAT; d.NumChannels = 1; d.Flags = CUDA_ARRAY3D_SPARSE;
+            d.Width = tu_size(ARG(1)); d.Height = tu_size(ARG(2)); d.Depth = tu_size(ARG(3));
+        } else {
+            d.Format = (CUarray_format)strtoul(ARG(1), NULL, 0); d.NumChannels = (unsigned)atoi(ARG(2));
+            d.Width = tu_size(ARG(3)); d.Height = tu_size(ARG(4));
+        }
+        i += !strcmp(op, "sparse") ? 3 : 4;
+        CUarray a = 0;
+        r = cuArray3DCreate_v2(&a, &d);
+        OUT("%s %d %d", op, r, r ? -1 : add_id(K_ARRAY, (uintptr_t)a));
+    } else if (!strcmp(op, "arraymap")) {
+        int id = atoi(ARG(1)), h = atoi(ARG(2));
+        i += 2;
+        CUarrayMapInfo mi;
+        memset(&mi, 0, sizeof mi);
+        mi.resourceType = CU_RESOURCE_TYPE_ARRAY;
+        mi.resource.array = (CUarray)(uintptr_t)ids[id].v;
+        mi.subresourceType = CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL;
+        mi.subresource.miptail.size = ids[h].size;
+        mi.memOperationType = CU_MEM_OPERATION_TYPE_MAP;
+        mi.memHandleType = CU_MEM_HANDLE_TYPE_GENERIC;
+        mi.memHandle.memHandle = (CUmemGenericAllocationHandle)ids[h].v;
+        OUT("arraymap %d", cuMemMapArrayAsync(&mi, 1, NULL));
     } else if (!strcmp(op, "setlimit")) {
         const char *which = ARG(1);
         CUlimit l = !strcmp(which, "stack") ? CU_LIMIT_STACK_SIZE

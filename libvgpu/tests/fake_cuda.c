@@ -40,6 +40,8 @@
 static int captured_alloc(CUstream s, uint64_t bytes, CUdeviceptr *p);
 static int captured_free(CUstream s);
 static uint64_t fake_exec_bytes(CUgraphExec e, int dev);
+static CUarray fake_sparse_array(void);
+static int fake_sparse_destroy(CUarray a);
 
 /* ---- call counting ---- */
 #define MAXC 128
@@ -427,18 +429,30 @@ EXPORT CUresult cuMemFree(unsigned int p) { COUNT(); NEED_INIT(); return p ? phy
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); if (captured_free(s)) return CUDA_SUCCESS; return phys_free(p); }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); if (captured_free(s)) return CUDA_SUCCESS; return phys_free(p); }
 
+/* bytes per channel (the normalized x1/x2/x4 formats: per channel of NumChannels) */
 static uint64_t fmt_bytes(CUarray_format f) {
-    switch ((int)f) { case CU_AD_FORMAT_UNSIGNED_INT8: return 1; case CU_AD_FORMAT_HALF: return 2; default: return 4; }
+    switch ((int)f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: case 0xc0: case 0xc1: case 0xc2: case 0xc6: case 0xc7: case 0xc8: return 1;
+    case CU_AD_FORMAT_HALF: case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case 0xc3: case 0xc4: case 0xc5: return 2;
+    default: return 4;
+    }
+}
+/* A driver lays arrays out in tiles and pages: FAKE_ARRAY_PAD (bytes, default 1) rounds each up. */
+static uint64_t array_pad(uint64_t b) {
+    const char *s = getenv("FAKE_ARRAY_PAD");
+    uint64_t p = s ? strtoull(s, NULL, 10) : 1;
+    return p > 1 ? (b + p - 1) / p * p : b;
 }
 EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
     COUNT(); NEED_INIT(); uint64_t k;
-    CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
+    CUresult r = phys_alloc(CUR(), array_pad((uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels), &k);
     if (!r) *a = (CUarray)(uintptr_t)k;
     return r;
 }
 EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     COUNT(); NEED_INIT(); uint64_t k;
-    CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
+    if (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) { *a = fake_sparse_array(); return CUDA_SUCCESS; }
+    CUresult r = phys_alloc(CUR(), array_pad((uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels), &k);
     if (!r) *a = (CUarray)(uintptr_t)k;
     return r;
 }
@@ -454,7 +468,11 @@ EXPORT CUresult cuArray3DCreate(CUarray *a, const desc3_v1_t *d) {
     CUDA_ARRAY3D_DESCRIPTOR d2 = {.Width = d->Width, .Height = d->Height, .Depth = d->Depth, .Format = d->Format, .NumChannels = d->NumChannels};
     return cuArray3DCreate_v2(a, &d2);
 }
-EXPORT CUresult cuArrayDestroy(CUarray a) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)a); }
+EXPORT CUresult cuArrayDestroy(CUarray a) {
+    COUNT(); NEED_INIT();
+    if (fake_sparse_destroy(a)) return CUDA_SUCCESS;
+    return phys_free((uint64_t)(uintptr_t)a);
+}
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned lv) {
     COUNT(); NEED_INIT(); uint64_t k, bytes = 0;
     size_t w = d->Width, h = d->Height, z = d->Depth;

@@ -143,6 +143,40 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
     return CUDA_SUCCESS;
 }
 
+/* Sparse arrays own no memory; cuMemMapArrayAsync maps handles into them, which keeps the
+ * handles' memory until the array is destroyed (tile unmaps are not modelled). */
+static uint64_t next_sparse = 0x5800000000ull;
+static struct { uint64_t array; int rec; } amaps[64];
+static int namaps;
+static CUarray fake_sparse_array(void) { next_sparse += 0x100; return (CUarray)(uintptr_t)next_sparse; }
+static int fake_sparse_destroy(CUarray a) {
+    uint64_t v = (uint64_t)(uintptr_t)a;
+    if (v < 0x5800000000ull || v >= 0x5900000000ull) return 0;
+    for (int i = 0; i < namaps;) {
+        if (amaps[i].array == v) {
+            int r = amaps[i].rec;
+            amaps[i] = amaps[--namaps];
+            vrecs[r].maps--;
+            vrec_maybe_free(r);
+        } else {
+            i++;
+        }
+    }
+    return 1;
+}
+EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int n, CUstream s) {
+    COUNT(); NEED_INIT();
+    for (unsigned i = 0; i < n; i++) {
+        if (list[i].memOperationType != CU_MEM_OPERATION_TYPE_MAP) continue;
+        int h = vh_find(list[i].memHandle.memHandle);
+        if (h < 0 || namaps >= 64 || !vrecs[vhandles[h].rec].live) return CUDA_ERROR_INVALID_VALUE;
+        vrecs[vhandles[h].rec].maps++;
+        amaps[namaps].array = (uint64_t)(uintptr_t)list[i].resource.array;
+        amaps[namaps++].rec = vhandles[h].rec;
+    }
+    return CUDA_SUCCESS;
+}
+
 /* ---------------- graphs and stream capture ---------------- */
 #define FG_MAX 64
 #define FN_MAX 32
@@ -439,4 +473,4 @@ EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemP
     P(cuGraphExecDestroy, 10000), P(cuStreamCreate, 2000), P(cuStreamBeginCapture_v2, 10010), \
     P(cuStreamEndCapture, 10000), P(cuStreamIsCapturing, 10000), P(cuCtxSetLimit, 3010), P(cuCtxGetLimit, 3010), \
     P(cuDeviceGetAttribute, 2000), P(cuMemGetAddressRange_v2, 3020), P(cuMemPoolExportPointer, 11020), \
-    P(cuMemPoolImportPointer, 11020),
+    P(cuMemPoolImportPointer, 11020), P(cuMemMapArrayAsync, 11010),
