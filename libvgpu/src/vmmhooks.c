@@ -46,6 +46,7 @@ typedef struct vmm {
     int imported;
     uint64_t bytes; /* charged */
     int refs, maps;
+    int inside; /* scratch for cuMemAddressFree */
     struct vmm *next;
 } vmm_t;
 typedef struct vmap {
@@ -56,21 +57,29 @@ typedef struct vmap {
     uint64_t array; /* mapped into this sparse (mipmapped) array by cuMemMapArrayAsync; 0: at va */
 } vmap_t;
 
-static vmm_t *allocs;
-static vmap_t *maps;
+/* Hashed by handle and by mapped address: PyTorch's expandable segments map thousands of
+ * handles, and every map/unmap looks one up. Array mappings are rare and kept in a list. */
+#define NB 4096
+static vmm_t *allocs[NB];
+static vmap_t *maps[NB];
+static vmap_t *array_maps;
+static unsigned hb(uint64_t k) { return (unsigned)((k * 0x9E3779B97F4A7C15ull) >> 52) & (NB - 1); }
 /* Held across the driver call of every hook here: a handle value the driver frees and hands out
  * again cannot be confused with the old one, and a map/unmap pair is never seen out of order. */
 static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void vmm_after_fork(void) {
     pthread_mutex_init(&vmm_mu, NULL);
-    while (allocs) { vmm_t *n = allocs->next; free(allocs); allocs = n; }
-    while (maps) { vmap_t *n = maps->next; free(maps); maps = n; }
+    for (int b = 0; b < NB; b++) {
+        while (allocs[b]) { vmm_t *n = allocs[b]->next; free(allocs[b]); allocs[b] = n; }
+        while (maps[b]) { vmap_t *n = maps[b]->next; free(maps[b]); maps[b] = n; }
+    }
+    while (array_maps) { vmap_t *n = array_maps->next; free(array_maps); array_maps = n; }
 }
 __attribute__((constructor)) static void vmm_register_fork(void) { vgpu_on_fork_child(vmm_after_fork); }
 
 static vmm_t *find(CUmemGenericAllocationHandle h) {
-    for (vmm_t *a = allocs; a; a = a->next)
+    for (vmm_t *a = allocs[hb(h)]; a; a = a->next)
         if (a->h == h) return a;
     return NULL;
 }
@@ -78,8 +87,8 @@ static vmm_t *find(CUmemGenericAllocationHandle h) {
 static void add_alloc(CUmemGenericAllocationHandle h, int rdev, uint64_t bytes, int imported) {
     vmm_t *a = malloc(sizeof *a);
     if (!a) return;
-    *a = (vmm_t){h, rdev, imported, bytes, 1, 0, allocs};
-    allocs = a;
+    *a = (vmm_t){h, rdev, imported, bytes, 1, 0, 0, allocs[hb(h)]};
+    allocs[hb(h)] = a;
 }
 
 /* Caller holds vmm_mu: gives the charge back and forgets `a` once the driver has freed it. */
@@ -88,7 +97,7 @@ static void maybe_gone(vmm_t *a) {
     vgpu_unreserve(a->rdev, a->bytes);
     VLOG(VLOG_DEBUG, "VMM allocation %#llx freed: %llu bytes given back", (unsigned long long)a->h,
          (unsigned long long)a->bytes);
-    for (vmm_t **pp = &allocs; *pp; pp = &(*pp)->next)
+    for (vmm_t **pp = &allocs[hb(a->h)]; *pp; pp = &(*pp)->next)
         if (*pp == a) { *pp = a->next; break; }
     free(a);
 }
@@ -173,8 +182,8 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
             a->bytes += grow;
             a->maps++;
             if (m) {
-                *m = (vmap_t){ptr, size, a, maps, 0};
-                maps = m;
+                *m = (vmap_t){ptr, size, a, maps[hb(ptr)], 0};
+                maps[hb(ptr)] = m;
             }
         }
     }
@@ -185,19 +194,25 @@ VGPU_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmem
 /* Caller holds vmm_mu: forgets the mappings inside [ptr, ptr + size); their allocations lose a
  * mapping each (and their charge once the driver frees them) when `unmapped`, else they keep it
  * (the memory is still held: the charge stays until the process exits). */
-static void drop_maps(CUdeviceptr ptr, size_t size, int unmapped) {
-    for (vmap_t **pp = &maps, *m; (m = *pp);) {
-        if (!m->array && m->va >= ptr && m->va - ptr < size) {
-            *pp = m->next;
-            if (unmapped) {
-                m->a->maps--;
-                maybe_gone(m->a);
-            }
-            free(m);
-        } else {
-            pp = &m->next;
-        }
+static void drop_one(vmap_t **pp, int unmapped) {
+    vmap_t *m = *pp;
+    *pp = m->next;
+    if (unmapped) {
+        m->a->maps--;
+        maybe_gone(m->a);
     }
+    free(m);
+}
+
+static void drop_maps(CUdeviceptr ptr, size_t size, int unmapped) {
+    /* mappings never overlap: one at ptr reaching past the range is the only one inside */
+    for (vmap_t **pp = &maps[hb(ptr)]; *pp; pp = &(*pp)->next)
+        if ((*pp)->va == ptr && (*pp)->size >= size) { drop_one(pp, unmapped); return; }
+    for (int b = 0; b < NB; b++)
+        for (vmap_t **pp = &maps[b]; *pp;) {
+            if ((*pp)->va >= ptr && (*pp)->va - ptr < size) drop_one(pp, unmapped);
+            else pp = &(*pp)->next;
+        }
 }
 
 VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
@@ -214,13 +229,17 @@ VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 static uint64_t freed_by_unmapping(CUdeviceptr ptr, size_t size, int *any) {
     uint64_t bytes = 0;
     *any = 0;
-    for (vmm_t *a = allocs; a; a = a->next) {
-        int inside = 0;
-        for (vmap_t *m = maps; m; m = m->next)
-            if (m->a == a && !m->array && m->va >= ptr && m->va - ptr < size) inside++;
-        if (inside) *any = 1;
-        if (inside && inside == a->maps && a->refs == 0) bytes += a->bytes;
-    }
+    for (int pass = 0; pass < 3; pass++)
+        for (int b = 0; b < NB; b++)
+            for (vmap_t *m = maps[b]; m; m = m->next) {
+                if (!(m->va >= ptr && m->va - ptr < size)) continue;
+                *any = 1;
+                if (pass == 0) m->a->inside++;
+                else if (pass == 1 && m->a->inside == m->a->maps && m->a->refs == 0) {
+                    bytes += m->a->bytes;
+                    m->a->inside = -1; /* counted */
+                } else if (pass == 2) m->a->inside = 0;
+            }
     return bytes;
 }
 
@@ -291,8 +310,8 @@ VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count
             uint64_t arr = mi->resourceType == CU_RESOURCE_TYPE_MIPMAPPED_ARRAY ? (uint64_t)(uintptr_t)mi->resource.mipmap
                                                                                 : (uint64_t)(uintptr_t)mi->resource.array;
             a->maps++;
-            *m = (vmap_t){0, 0, a, maps, arr ? arr : 1};
-            maps = m;
+            *m = (vmap_t){0, 0, a, array_maps, arr ? arr : 1};
+            array_maps = m;
         }
     }
     pthread_mutex_unlock(&vmm_mu);
@@ -300,9 +319,9 @@ VGPU_EXPORT CUresult cuMemMapArrayAsync(CUarrayMapInfo *list, unsigned int count
 }
 
 void vgpu_vmm_array_gone(uint64_t array) {
-    if (!array || !maps) return;
+    if (!array || !__atomic_load_n(&array_maps, __ATOMIC_RELAXED)) return;
     pthread_mutex_lock(&vmm_mu);
-    for (vmap_t **pp = &maps, *m; (m = *pp);) {
+    for (vmap_t **pp = &array_maps, *m; (m = *pp);) {
         if (m->array == array) {
             *pp = m->next;
             m->a->maps--;
