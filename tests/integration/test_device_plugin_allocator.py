@@ -29,6 +29,7 @@ from hami.errors import NodeLockContention
 from hami.kube import KubeClient
 from hami.model import ContainerDevice
 from hami.nodelock import lock_node
+from hami.registration import decode_node_devices_json
 from kubefakes.apiserver import FakeApiServer
 from kubefakes.kubelet import AdmissionError, FakeKubelet, env_of, mounts_of
 
@@ -499,7 +500,7 @@ async def test_unhealthy_card_reaches_kubelet_and_the_registration(apiserver, ku
     annos = await wait_annotation(
         apiserver, kubelet, lambda a: '"health":true}]' not in a[ann.NVIDIA_REGISTER]
     )
-    devices = ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER])
+    devices = decode_node_devices_json(annos[ann.NVIDIA_REGISTER])
     assert [(d.uuid, d.health) for d in devices] == [(A, True), (B, False)]
 
 
@@ -553,7 +554,7 @@ async def test_console_script_with_api_server_writes_the_registration(apiserver,
     try:
         await kubelet.wait_registered(RESOURCE, timeout=20)
         annos = await wait_annotation(apiserver, kubelet, lambda a: ann.NVIDIA_REGISTER in a, timeout=20)
-        assert [d.uuid for d in ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER])] == [A, B]
+        assert [d.uuid for d in decode_node_devices_json(annos[ann.NVIDIA_REGISTER])] == [A, B]
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=10)

@@ -25,6 +25,7 @@ import yaml
 
 from hami import annotations as A
 from hami import cli
+from hami.registration import decode_node_devices_json
 from hami.tools import command
 from hami.tools.render import Style, use_color
 from kubefakes.apiserver import FakeApiServer, write_kubeconfig
@@ -105,7 +106,7 @@ def test_inspect_json_matches_the_annotations(
                 got[(x["namespace"], x["pod"], x["container"], c["uuid"])] = (x["memoryMiB"], x["cores"])
     assert got == want
     nodes = {n["name"]: n for n in data["nodes"]}
-    registered = {n["metadata"]["name"]: A.decode_node_devices_json(n["metadata"]["annotations"][A.NVIDIA_REGISTER])
+    registered = {n["metadata"]["name"]: decode_node_devices_json(n["metadata"]["annotations"][A.NVIDIA_REGISTER])
                   for n in store.list("nodes") if A.NVIDIA_REGISTER in n["metadata"]["annotations"]}  # fmt: skip
     for name, devices in registered.items():
         assert [

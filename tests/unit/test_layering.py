@@ -64,6 +64,17 @@ def runtime_imports() -> dict[str, list[str]]:
     return {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
 
 
+def all_imports(*packages: str) -> dict[str, list[str]]:
+    """module -> the modules of ours it imports, those under ``if TYPE_CHECKING:`` too: a type named
+    back and forth is a circle of meaning even where it never runs."""
+    graph = grimp.build_graph(*packages, exclude_type_checking_imports=False, cache_dir=None)
+    return {m: sorted(graph.find_modules_directly_imported_by(m)) for m in sorted(graph.modules)}
+
+
+def outside_kube_and_cluster(module: str) -> bool:
+    return not module.startswith(("hami.kube", "hami.cluster"))
+
+
 def cycles(edges: dict[str, list[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (each sorted), in discovery order."""
     # Tarjan's strongly connected components, iteratively (the graph has hundreds of modules).
@@ -116,3 +127,14 @@ def test_cycle_finder_on_a_known_graph() -> None:
 
 def test_no_import_cycles_among_our_modules() -> None:
     assert cycles(runtime_imports()) == []
+
+
+def test_no_cycles_in_the_core_counting_type_checking_imports() -> None:
+    # The fit, its types, the vendors and the config: each type one floor below its users (the
+    # client package and the cluster state are checked with the global check).
+    edges = {
+        m: [t for t in targets if outside_kube_and_cluster(t)]
+        for m, targets in all_imports("hami").items()
+        if outside_kube_and_cluster(m)
+    }
+    assert cycles(edges) == []
