@@ -121,14 +121,16 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t si
         log_oom(rdev, size, "cuMemCreate");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pthread_mutex_lock(&vmm_mu);
+    /* The driver call runs unlocked (a large create takes milliseconds): a handle value it hands
+     * out again was freed inside a cuMemRelease that held the lock until its record was gone. */
     CUresult rc = CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
     if (rc != CUDA_SUCCESS) {
         if (rdev >= 0) vgpu_unreserve(rdev, size);
     } else if (rdev >= 0) {
+        pthread_mutex_lock(&vmm_mu);
         add_alloc(*handle, rdev, size, 0);
+        pthread_mutex_unlock(&vmm_mu);
     }
-    pthread_mutex_unlock(&vmm_mu);
     return rc;
 }
 
