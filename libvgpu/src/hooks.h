@@ -22,6 +22,7 @@
     X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) \
     X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemRetainAllocationHandle) \
     X(cuMemAddressFree) X(cuMemImportFromShareableHandle) X(cuMemMapArrayAsync) \
+    X(cuMulticastCreate) X(cuMulticastBindMem) X(cuMulticastBindAddr) X(cuMulticastUnbind) \
     X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \

@@ -24,12 +24,17 @@
  * side). An imported handle mapped only into arrays is not charged: the extent a tile mapping
  * reaches is not given in bytes.
  *
+ * Multicast objects (NVLS): memory bound with cuMulticastBindMem / cuMulticastBindAddr stays
+ * allocated while bound, so a binding counts as a mapping of its allocation until
+ * cuMulticastUnbind, or until the multicast object itself is released and unmapped.
+ *
  * cuMemAddressFree of a range that still holds mappings: the driver may unmap them (the memory
  * is then freed when released) or keep the memory; the device's free memory is measured across
  * the call and the charges of the mappings are given back only when the memory came back.
  */
 #include <cuda.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include "config.h"
 #include "devmap.h"
@@ -48,6 +53,7 @@ typedef struct vmm {
     int refs, maps;
     int inside; /* scratch for cuMemAddressFree */
     struct vmm *next;
+    int multicast; /* a cuMulticastCreate object: memory bound to it stays until unbound or it goes */
 } vmm_t;
 typedef struct vmap {
     CUdeviceptr va;
@@ -63,6 +69,15 @@ typedef struct vmap {
 static vmm_t *allocs[NB];
 static vmap_t *maps[NB];
 static vmap_t *array_maps;
+/* Memory bound to a multicast object (cuMulticastBindMem/BindAddr): kept, like a mapping, until
+ * cuMulticastUnbind or until the multicast object is released and unmapped. */
+typedef struct mbind {
+    CUmemGenericAllocationHandle mc;
+    size_t off;
+    vmm_t *a;
+    struct mbind *next;
+} mbind_t;
+static mbind_t *binds;
 static unsigned hb(uint64_t k) { return (unsigned)((k * 0x9E3779B97F4A7C15ull) >> 52) & (NB - 1); }
 /* Held across the driver call of every hook here: a handle value the driver frees and hands out
  * again cannot be confused with the old one, and a map/unmap pair is never seen out of order. */
@@ -75,6 +90,7 @@ static void vmm_after_fork(void) {
         while (maps[b]) { vmap_t *n = maps[b]->next; free(maps[b]); maps[b] = n; }
     }
     while (array_maps) { vmap_t *n = array_maps->next; free(array_maps); array_maps = n; }
+    while (binds) { mbind_t *n = binds->next; free(binds); binds = n; }
 }
 __attribute__((constructor)) static void vmm_register_fork(void) { vgpu_on_fork_child(vmm_after_fork); }
 
@@ -87,13 +103,31 @@ static vmm_t *find(CUmemGenericAllocationHandle h) {
 static void add_alloc(CUmemGenericAllocationHandle h, int rdev, uint64_t bytes, int imported) {
     vmm_t *a = malloc(sizeof *a);
     if (!a) return;
-    *a = (vmm_t){h, rdev, imported, bytes, 1, 0, 0, allocs[hb(h)]};
+    *a = (vmm_t){h, rdev, imported, bytes, 1, 0, 0, allocs[hb(h)], 0};
     allocs[hb(h)] = a;
+}
+
+static void maybe_gone(vmm_t *a);
+
+/* Caller holds vmm_mu: drops the bindings of multicast object `mc` whose offset lies in
+ * [off, off + size) and, when dev_rdev >= 0, whose memory is on that device. */
+static void unbind(CUmemGenericAllocationHandle mc, size_t off, size_t size, int dev_rdev) {
+    for (mbind_t **pp = &binds, *b; (b = *pp);) {
+        if (b->mc == mc && b->off >= off && b->off - off < size && (dev_rdev < 0 || b->a->rdev == dev_rdev)) {
+            *pp = b->next;
+            b->a->maps--;
+            maybe_gone(b->a);
+            free(b);
+        } else {
+            pp = &b->next;
+        }
+    }
 }
 
 /* Caller holds vmm_mu: gives the charge back and forgets `a` once the driver has freed it. */
 static void maybe_gone(vmm_t *a) {
     if (a->refs > 0 || a->maps > 0) return;
+    if (a->multicast) unbind(a->h, 0, SIZE_MAX, -1);
     vgpu_unreserve(a->rdev, a->bytes);
     VLOG(VLOG_DEBUG, "VMM allocation %#llx freed: %llu bytes given back", (unsigned long long)a->h,
          (unsigned long long)a->bytes);
@@ -334,4 +368,65 @@ void vgpu_vmm_array_gone(uint64_t array) {
         }
     }
     pthread_mutex_unlock(&vmm_mu);
+}
+
+/* ---------------- multicast objects (NVLS) ---------------- */
+
+VGPU_EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *mc, const CUmulticastObjectProp *prop) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle *, const CUmulticastObjectProp *);
+    CUresult rc = CALL_REAL(fn, cuMulticastCreate, mc, prop);
+    if (rc != CUDA_SUCCESS || !mc || vgpu_control_disabled()) return rc;
+    pthread_mutex_lock(&vmm_mu);
+    add_alloc(*mc, -1, 0, 0); /* owns no memory of its own: what is bound to it is charged */
+    vmm_t *a = find(*mc);
+    if (a) a->multicast = 1;
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+static void add_bind(CUmemGenericAllocationHandle mc, size_t off, vmm_t *a) {
+    mbind_t *b = a ? malloc(sizeof *b) : NULL;
+    if (!b) return;
+    a->maps++;
+    *b = (mbind_t){mc, off, a, binds};
+    binds = b;
+}
+
+VGPU_EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mcOffset, CUmemGenericAllocationHandle mem,
+                                        size_t memOffset, size_t size, unsigned long long flags) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle, size_t, CUmemGenericAllocationHandle, size_t, size_t,
+                           unsigned long long);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMulticastBindMem, mc, mcOffset, mem, memOffset, size, flags);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMulticastBindMem, mc, mcOffset, mem, memOffset, size, flags);
+    if (rc == CUDA_SUCCESS) add_bind(mc, mcOffset, find(mem));
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mcOffset, CUdeviceptr memptr, size_t size,
+                                         unsigned long long flags) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle, size_t, CUdeviceptr, size_t, unsigned long long);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMulticastBindAddr, mc, mcOffset, memptr, size, flags);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMulticastBindAddr, mc, mcOffset, memptr, size, flags);
+    if (rc == CUDA_SUCCESS) {
+        vmm_t *a = NULL; /* the VMM allocation mapped at memptr (plain allocations keep their own charge) */
+        for (int b = 0; b < NB && !a; b++)
+            for (vmap_t *m = maps[b]; m && !a; m = m->next)
+                if (memptr >= m->va && memptr - m->va < m->size) a = m->a;
+        add_bind(mc, mcOffset, a);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mcOffset, size_t size) {
+    typedef CUresult (*fn)(CUmemGenericAllocationHandle, CUdevice, size_t, size_t);
+    if (vgpu_control_disabled()) return CALL_REAL(fn, cuMulticastUnbind, mc, dev, mcOffset, size);
+    pthread_mutex_lock(&vmm_mu);
+    CUresult rc = CALL_REAL(fn, cuMulticastUnbind, mc, dev, mcOffset, size);
+    if (rc == CUDA_SUCCESS) unbind(mc, mcOffset, size, vgpu_rdev_of_cuda((int)dev));
+    pthread_mutex_unlock(&vmm_mu);
+    return rc;
 }

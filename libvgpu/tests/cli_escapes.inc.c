@@ -17,6 +17,9 @@
  *   sparse <w> <h> <d>          a sparse 3D float array -> array id (free <id> destroys it)
  *   arraymap <array id> <vmm id>   cuMemMapArrayAsync the handle into the array's mip tail
  *   arrayfmt <format> <channels> <w> <h>   cuArray3DCreate of any format (number) -> array id
+ *   mccreate <bytes>            cuMulticastCreate -> vmm id (free <id> releases it)
+ *   mcbind|mcunbind <mc id> <vmm id>   cuMulticastBindMem / cuMulticastUnbind of the whole handle
+ *   mcbindaddr <mc id> <map id> cuMulticastBindAddr of a mapping
  *   setlimit <stack|printf|heap|pending> <value>   cuCtxSetLimit; prints the limit's value after it
  */
 #undef cuStreamBeginCapture
@@ -167,6 +170,27 @@ static int escape_op(int argc, char **argv, int *pi) {
         mi.memHandleType = CU_MEM_HANDLE_TYPE_GENERIC;
         mi.memHandle.memHandle = (CUmemGenericAllocationHandle)ids[h].v;
         OUT("arraymap %d", cuMemMapArrayAsync(&mi, 1, NULL));
+    } else if (!strcmp(op, "mccreate")) {
+        CUmulticastObjectProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.numDevices = 1;
+        prop.size = tu_size(ARG(1)); i++;
+        CUmemGenericAllocationHandle h = 0;
+        r = cuMulticastCreate(&h, &prop);
+        OUT("mccreate %d %d", r, r ? -1 : add_id(K_VMM, h));
+    } else if (!strcmp(op, "mcbindaddr")) {
+        int mc = atoi(ARG(1)), m = atoi(ARG(2));
+        i += 2;
+        OUT("mcbindaddr %d", cuMulticastBindAddr((CUmemGenericAllocationHandle)ids[mc].v, 0, (CUdeviceptr)ids[m].v,
+                                                 ids[m].size, 0));
+    } else if (!strcmp(op, "mcbind") || !strcmp(op, "mcunbind")) {
+        int mc = atoi(ARG(1)), h = atoi(ARG(2));
+        i += 2;
+        if (!strcmp(op, "mcbind"))
+            r = cuMulticastBindMem((CUmemGenericAllocationHandle)ids[mc].v, 0, (CUmemGenericAllocationHandle)ids[h].v, 0,
+                                   ids[h].size, 0);
+        else r = cuMulticastUnbind((CUmemGenericAllocationHandle)ids[mc].v, 0, 0, ids[h].size);
+        OUT("%s %d", op, r);
     } else if (!strcmp(op, "setlimit")) {
         const char *which = ARG(1);
         CUlimit l = !strcmp(which, "stack") ? CU_LIMIT_STACK_SIZE

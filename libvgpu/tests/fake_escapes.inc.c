@@ -7,6 +7,8 @@
  *        cuMemRetainAllocationHandle returns the same handle with one more reference) AND its
  *        last mapping is unmapped. cuMemExportToShareableHandle writes an int "fd" (POSIX_FD);
  *        cuMemImportFromShareableHandle of it returns a new handle to the same memory.
+ *        Memory bound to a multicast object (cuMulticastBindMem) stays until cuMulticastUnbind or
+ *        until the multicast object is released and unmapped.
  *        cuMemAddressFree of a range with live mappings unmaps them, or with
  *        FAKE_VMM_ADDRFREE_KEEPS=1 leaves the memory allocated (a driver that leaks it).
  *   Graphs: cuGraphAddMemAllocNode / cuGraphAddChildGraphNode / stream capture of
@@ -39,10 +41,27 @@ static int vh_find(uint64_t h) {
         if (vhandles[i].h == h) return i;
     return -1;
 }
+/* Multicast objects (key 0): memory bound to one stays allocated until unbound or the object goes. */
+static struct { int mc, rec; uint64_t off; } mbinds[64];
+static int nmbinds;
+static void vrec_maybe_free(int r);
+static void mc_unbind(int mc, uint64_t off, uint64_t size) {
+    for (int i = 0; i < nmbinds;) {
+        if (mbinds[i].mc == mc && mbinds[i].off >= off && mbinds[i].off - off < size) {
+            int m = mbinds[i].rec;
+            mbinds[i] = mbinds[--nmbinds];
+            vrecs[m].maps--;
+            vrec_maybe_free(m);
+        } else {
+            i++;
+        }
+    }
+}
 static void vrec_maybe_free(int r) {
     if (vrecs[r].live && vrecs[r].refs == 0 && vrecs[r].maps == 0) {
         vrecs[r].live = 0;
-        phys_free(vrecs[r].key);
+        if (vrecs[r].key) phys_free(vrecs[r].key);
+        else mc_unbind(r, 0, ~0ull);
     }
 }
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long f) {
@@ -140,6 +159,47 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
     prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop->location.id = vrecs[vhandles[i].rec].dev;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle *h, const CUmulticastObjectProp *prop) {
+    COUNT(); NEED_INIT();
+    if (nvrecs >= 256 || nvhandles >= 512) return CUDA_ERROR_OUT_OF_MEMORY;
+    vrecs[nvrecs] = (vrec_t){0, prop->size, 0, 1, 0, 1};
+    *h = next_alias;
+    next_alias += 0x100000;
+    vhandles[nvhandles++] = (vhandle_t){*h, nvrecs++};
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMulticastBindMem(CUmemGenericAllocationHandle mc, size_t mcOff, CUmemGenericAllocationHandle mem,
+                                   size_t memOff, size_t size, unsigned long long f) {
+    COUNT(); NEED_INIT();
+    int m = vh_find(mc), h = vh_find(mem);
+    if (m < 0 || h < 0 || nmbinds >= 64 || !vrecs[vhandles[h].rec].live) return CUDA_ERROR_INVALID_VALUE;
+    vrecs[vhandles[h].rec].maps++;
+    mbinds[nmbinds].mc = vhandles[m].rec;
+    mbinds[nmbinds].rec = vhandles[h].rec;
+    mbinds[nmbinds++].off = mcOff;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMulticastBindAddr(CUmemGenericAllocationHandle mc, size_t mcOff, CUdeviceptr p, size_t size, unsigned long long f) {
+    COUNT(); NEED_INIT();
+    int m = vh_find(mc);
+    for (int i = 0; m >= 0 && i < nvmaps && nmbinds < 64; i++)
+        if (p >= vmaps[i].va && p - vmaps[i].va < vmaps[i].size) {
+            vrecs[vmaps[i].rec].maps++;
+            mbinds[nmbinds].mc = vhandles[m].rec;
+            mbinds[nmbinds].rec = vmaps[i].rec;
+            mbinds[nmbinds++].off = mcOff;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMulticastUnbind(CUmemGenericAllocationHandle mc, CUdevice dev, size_t mcOff, size_t size) {
+    COUNT(); NEED_INIT();
+    int m = vh_find(mc);
+    if (m < 0) return CUDA_ERROR_INVALID_VALUE;
+    mc_unbind(vhandles[m].rec, mcOff, size);
     return CUDA_SUCCESS;
 }
 
@@ -473,4 +533,6 @@ EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemP
     P(cuGraphExecDestroy, 10000), P(cuStreamCreate, 2000), P(cuStreamBeginCapture_v2, 10010), \
     P(cuStreamEndCapture, 10000), P(cuStreamIsCapturing, 10000), P(cuCtxSetLimit, 3010), P(cuCtxGetLimit, 3010), \
     P(cuDeviceGetAttribute, 2000), P(cuMemGetAddressRange_v2, 3020), P(cuMemPoolExportPointer, 11020), \
-    P(cuMemPoolImportPointer, 11020), P(cuMemMapArrayAsync, 11010),
+    P(cuMemPoolImportPointer, 11020), P(cuMemMapArrayAsync, 11010), \
+    P(cuMulticastCreate, 12010), P(cuMulticastBindMem, 12010), P(cuMulticastBindAddr, 12010), \
+    P(cuMulticastUnbind, 12010),

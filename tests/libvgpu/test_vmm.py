@@ -100,15 +100,42 @@ def test_mapping_an_import_over_the_limit_is_refused_before_the_driver_maps(cli)
     assert r.op(7) == ["calls", "0", "0"]
 
 
+def test_memory_bound_to_a_multicast_object_stays_charged_until_unbound(cli):
+    # NVLS: a handle bound to a multicast object keeps its memory after cuMemRelease
+    r = cli.run("init", "vmm", "0", "1g", "mccreate", "1g", "mcbind", "1", "0", "free", "0", "meminfo",
+                "vmm", "0", "1g", "vmm", "0", "1g", "mcunbind", "1", "0", "meminfo", env=LIMIT)  # fmt: skip
+    assert r.codes("mcbind") == [CUDA_SUCCESS]
+    assert free_bytes(r.op(5)) == 1 * GIB
+    assert r.codes("vmm") == [CUDA_SUCCESS, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.codes("mcunbind") == [CUDA_SUCCESS]
+    assert free_bytes(r.op(9)) == 1 * GIB  # unbound and released: freed
+
+
+def test_memory_bound_by_address_stays_charged_after_unmap_and_release(cli):
+    r = cli.run("init", "vmm", "0", "1g", "vmmmap", "0", "0", "mccreate", "1g", "mcbindaddr", "2", "1",
+                "vmmunmap", "1", "free", "0", "meminfo", "free", "2", "meminfo", env=LIMIT)  # fmt: skip
+    assert r.codes("mcbindaddr") == [CUDA_SUCCESS]
+    assert free_bytes(r.op(7)) == 1 * GIB  # unmapped and released, still bound
+    assert free_bytes(r.op(9)) == 2 * GIB  # the multicast object released: unbound, freed
+
+
+def test_releasing_the_multicast_object_frees_what_was_bound_to_it(cli):
+    r = cli.run("init", "vmm", "0", "1g", "mccreate", "1g", "mcbind", "1", "0", "free", "0", "meminfo",
+                "free", "1", "meminfo", env=LIMIT)  # fmt: skip
+    assert free_bytes(r.op(5)) == 1 * GIB
+    assert free_bytes(r.op(7)) == 2 * GIB
+
+
 HOOKS = ["cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemRetainAllocationHandle",
-         "cuMemAddressFree", "cuMemImportFromShareableHandle"]  # fmt: skip
+         "cuMemAddressFree", "cuMemImportFromShareableHandle", "cuMulticastCreate", "cuMulticastBindMem",
+         "cuMulticastBindAddr", "cuMulticastUnbind"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", HOOKS)
 def test_every_vmm_hook_is_reached_through_each_door(cli, name):
     # door A is the symbol itself (the tests above call it); door B dlsym on a libcuda handle;
     # door C cuGetProcAddress(_v2), which cudaGetDriverEntryPoint goes through
-    r = cli.run("dlsym", name, "procaddr", name, "12000", "0", "procaddr1", name, "12000", "0")
+    r = cli.run("dlsym", name, "procaddr", name, "12080", "0", "procaddr1", name, "12080", "0")
     want = f"libvgpu.so:{name}"
     assert r.op(0) == ["dlsym", want]
     assert r.op(1) == ["procaddr", "0", "0", want]
