@@ -58,7 +58,7 @@ async def probe(args: argparse.Namespace) -> int:
         cmd = [
             sys.executable, "-m", "device_plugin", "--backend", args.backend, "--node-name", NODE,
             "--socket-dir", str(kubelet.socket_dir), "--kubeconfig", api.kubeconfig_path,
-            "--hook-path", str(hook), "--device-config", str(device_config), "--lock-dir", str(tmp / "vgpulock"), "--metrics-port", "-1",
+            "--hook-path", str(hook), "--device-config", str(device_config), "--metrics-port", "-1",
         ]  # fmt: skip
         if args.fake_config:
             cmd += ["--fake-config", args.fake_config]

@@ -9,6 +9,16 @@
 #ifndef VGPU_HOOKS_H
 #define VGPU_HOOKS_H
 
+#include <cuda.h> /* CUDA_VERSION: entry points newer than the header we build against are left out */
+
+/* cuCtxCreate_v4 (CUctxCreateParams) came with CUDA 12.5: a build against an older cuda.h neither
+ * exports nor hooks it, so a newer driver's v4 contexts go uncharged there (docs/libvgpu.md). */
+#if CUDA_VERSION >= 12050
+#define VGPU_HOOK_CTX_V4(X) X(cuCtxCreate_v4)
+#else
+#define VGPU_HOOK_CTX_V4(X)
+#endif
+
 #define VGPU_CUDA_HOOKS(X) \
     X(cuInit) \
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuDevicePrimaryCtxRelease_v2) \
@@ -28,7 +38,7 @@
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
     X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) \
-    X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) \
+    X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) VGPU_HOOK_CTX_V4(X) X(cuCtxDestroy) X(cuCtxDestroy_v2) \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) \
     X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
     X(cuImportExternalMemory) X(cuDestroyExternalMemory) \

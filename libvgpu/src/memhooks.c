@@ -55,7 +55,7 @@ static void log_oom(int rdev, uint64_t bytes, const char *api) {
     vgpu_device_t *d = &vgpu_region->devices[rdev];
     VLOG(VLOG_WARN, "%s: out of memory on %s: %llu bytes requested, %llu in use, limit %llu", api, d->uuid,
          (unsigned long long)bytes, (unsigned long long)vgpu_device_usage(rdev),
-         (unsigned long long)d->limit_bytes);
+         (unsigned long long)vgpu_device_limit(rdev));
 }
 
 /* Reserve for the current context's device. Returns rdev (>= 0), -1 when the device is
@@ -300,7 +300,7 @@ VGPU_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory e) {
  * negative, never an error when usage passes the limit (HAMi#1370, core#200). */
 static void virtualise(int rdev, size_t *freeb, size_t *total) {
     if (rdev < 0 || !vgpu_region) return;
-    uint64_t limit = vgpu_region->devices[rdev].limit_bytes;
+    uint64_t limit = vgpu_device_limit(rdev);
     if (limit == VGPU_UNLIMITED) return;
     uint64_t t = limit < *total ? limit : *total;
     uint64_t used = vgpu_device_usage(rdev);

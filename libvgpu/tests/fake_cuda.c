@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <string.h>
 #include <time.h>
+#include "cuda_compat.h"
 #include "fake_state.h"
 
 #undef cuMemAlloc

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "cuda_compat.h"
 #include "testutil.h"
 
 #undef cuMemAlloc

@@ -94,7 +94,6 @@ async def plugin(tmp_path, kubelet, kube, hook):
             node_name=NODE,
             socket_dir=str(kubelet.socket_dir),
             hook_path=str(hook),
-            lock_dir=str(tmp_path / "vgpulock"),
             register_interval_s=0.5,
         ),
         FakeBackend(cards, poll_s=0.05),
@@ -208,11 +207,10 @@ async def test_extender_pod_gets_exactly_the_recorded_card_and_limits(
     assert mounts_of(resp) == [
         (f"{hook}/vgpu/libvgpu.so", f"{hook}/vgpu/libvgpu.so", True),
         (f"{hook}/vgpu", str(cache_dir), False),
-        ("/tmp/vgpulock", str(tmp_path / "vgpulock"), False),
         ("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
         (f"{hook}/vgpu/vgpu.config", str(cache_dir / "vgpu.config"), True),  # libvgpu's config file
         (f"{hook}/vgpu/cards/{B}.card", f"{hook}/vgpu/cards/{B}.card", False),  # the card's shared region
-    ]
+    ]  # no node-wide writable lock directory (HAMi's /tmp/vgpulock): libvgpu reads none
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o777
     annos = pod_annos(apiserver, "gpu-pod")
     assert annos[ann.NVIDIA_TO_ALLOCATE] == ";"
@@ -520,8 +518,7 @@ async def test_per_node_overrides_split_and_scaling(apiserver, kube, kubelet, tm
          "nodeconfig": [{"name": NODE, "devicesplitcount": 4, "devicememoryscaling": 2, "devicecorescaling": 1.5}]}
     )  # fmt: skip
     app = DevicePluginApp(
-        PluginOptions(node_name=NODE, config=config, socket_dir=str(kubelet.socket_dir), hook_path=str(hook),
-                      lock_dir=str(tmp_path / "lock")),
+        PluginOptions(node_name=NODE, config=config, socket_dir=str(kubelet.socket_dir), hook_path=str(hook)),
         FakeBackend(cards),
         kube,
     )  # fmt: skip

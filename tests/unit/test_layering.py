@@ -138,3 +138,10 @@ def test_no_cycles_in_the_core_counting_type_checking_imports() -> None:
         if outside_kube_and_cluster(m)
     }
     assert cycles(edges) == []
+
+
+def test_no_cycles_in_the_servers_and_the_test_kits_counting_type_checking_imports() -> None:
+    # Allocate's parts named the assembly's types, the extender's verbs its `Settings`, and the fake API
+    # server's store, writes and watch stream each other's (contracts allocator-parts-below-assembly,
+    # extender-verbs-below-assembly, fake-store-floors).
+    assert cycles(all_imports("scheduler_extender", "webhook", "device_plugin", "kubefakes")) == []
