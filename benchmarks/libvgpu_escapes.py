@@ -114,17 +114,23 @@ def scenario(name: str) -> dict:
         if name == "graph":
             cu("cuGraphCreate", ctypes.byref(graph), 0)
             params = (ctypes.c_char * 120)()
-            ctypes.memmove(ctypes.addressof(params), (ctypes.c_int * 4)(1, 0, 1, 0), 16)  # pool props: device 0
+            ctypes.memmove(
+                ctypes.addressof(params), (ctypes.c_int * 4)(1, 0, 1, 0), 16
+            )  # pool props: device 0
             ctypes.c_uint64.from_buffer(params, 104).value = 6 * GIB
             node = ctypes.c_void_p()
-            out["add_node"] = cu("cuGraphAddMemAllocNode", ctypes.byref(node), graph, None, ctypes.c_size_t(0), params)
+            out["add_node"] = cu(
+                "cuGraphAddMemAllocNode", ctypes.byref(node), graph, None, ctypes.c_size_t(0), params
+            )
         else:
             p = _u64()
             cu("cuStreamBeginCapture_v2", stream, 0)
             out["captured_alloc"] = cu("cuMemAllocAsync", ctypes.byref(p), ctypes.c_size_t(6 * GIB), stream)
             cu("cuMemFreeAsync", p, stream)
             cu("cuStreamEndCapture", stream, ctypes.byref(graph))
-        out["instantiate"] = cu("cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0))
+        out["instantiate"] = cu(
+            "cuGraphInstantiateWithFlags", ctypes.byref(exe), graph, ctypes.c_ulonglong(0)
+        )
         reserved = _u64()
         if out["instantiate"] == 0:
             cu("cuDeviceGetGraphMemAttribute", dev, 2, ctypes.byref(reserved))
@@ -202,7 +208,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="vgpu-escapes-")
     lines = []
     for name in a.only.split(","):
-        for lib in ([None, a.lib] if a.lib else [None]):
+        for lib in [None, a.lib] if a.lib else [None]:
             t0 = time.monotonic()
             r = run_one(name, lib, a.limit, tmp)
             r["wall_s"] = round(time.monotonic() - t0, 2)

@@ -24,7 +24,16 @@ def test_release_after_map_keeps_the_charge_eight_times_one_gib_under_two(cli):
     # refused (the released handles' memory is still mapped), and no create past it succeeds.
     ops = ["init"]
     for k in range(8):
-        ops += ["vmm", "0", "1g", "vmmmap", str(2 * k) if k < 2 else "0", "0", "free", str(2 * k) if k < 2 else "0"]
+        ops += [
+            "vmm",
+            "0",
+            "1g",
+            "vmmmap",
+            str(2 * k) if k < 2 else "0",
+            "0",
+            "free",
+            str(2 * k) if k < 2 else "0",
+        ]
     ops += ["meminfo"]
     r = cli.run(*ops, env=LIMIT)
     assert r.codes("vmm") == [CUDA_SUCCESS, CUDA_SUCCESS] + [CUDA_ERROR_OUT_OF_MEMORY] * 6
