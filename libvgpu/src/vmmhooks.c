@@ -79,8 +79,9 @@ typedef struct mbind {
 } mbind_t;
 static mbind_t *binds;
 static unsigned hb(uint64_t k) { return (unsigned)((k * 0x9E3779B97F4A7C15ull) >> 52) & (NB - 1); }
-/* Held across the driver call of every hook here: a handle value the driver frees and hands out
- * again cannot be confused with the old one, and a map/unmap pair is never seen out of order. */
+/* Held across the driver call of every hook here but cuMemCreate's: a handle value the driver
+ * frees (inside cuMemRelease, under the lock until its record is gone) and hands out again cannot
+ * be confused with the old one, and a map/unmap pair is never seen out of order. */
 static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void vmm_after_fork(void) {
