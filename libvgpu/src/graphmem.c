@@ -162,7 +162,6 @@ void vgpu_graph_exec_remove(uint64_t exec) {
 int vgpu_graph_begin(uint64_t exec, uint64_t *pre, const char *api) {
     uint64_t bytes[GRAPHMEM_DEVS];
     int found = 0;
-    for (int d = 0; d < GRAPHMEM_DEVS; d++) pre[d] = 0;
     if (VGPU_LIKELY(!atomic_load_explicit(&nexecs, memory_order_relaxed))) return 0;
     pthread_mutex_lock(&gm_mu);
     int n = atomic_load(&nexecs);
@@ -173,13 +172,10 @@ int vgpu_graph_begin(uint64_t exec, uint64_t *pre, const char *api) {
         }
     pthread_mutex_unlock(&gm_mu);
     if (!found) return 0;
-    return reserve_need(bytes, pre, api);
+    return reserve_need(bytes, pre, api) == 0 ? 1 : -1;
 }
 
 void vgpu_graph_end(const uint64_t *pre) {
-    int any = 0;
-    for (int d = 0; d < GRAPHMEM_DEVS; d++) any |= pre[d] != 0;
-    if (!any) return;
     release_pre(pre);
     for (int d = 0; d < GRAPHMEM_DEVS; d++)
         if (pre[d]) vgpu_graphmem_sample(d); /* the charge follows what the driver reserved */

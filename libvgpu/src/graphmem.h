@@ -17,8 +17,9 @@ int vgpu_graph_fits(const uint64_t *bytes, const char *api);
 void vgpu_graph_exec_add(uint64_t exec, const uint64_t *bytes);
 void vgpu_graph_exec_remove(uint64_t exec);
 /* Around cuGraphUpload / cuGraphLaunch of `exec`: begin reserves what the pool may grow by into
- * pre[GRAPHMEM_DEVS] (0, or -1: refuse with CUDA_ERROR_OUT_OF_MEMORY, nothing reserved); end
- * releases it and samples the pool, whatever the driver answered. */
+ * pre[GRAPHMEM_DEVS]: 1 (then call end after the driver, whatever it answered: it releases the
+ * reservation and samples the pool), 0 (an instantiation without allocation nodes: nothing to do,
+ * pre untouched), or -1 (refuse with CUDA_ERROR_OUT_OF_MEMORY, nothing reserved). */
 int vgpu_graph_begin(uint64_t exec, uint64_t *pre, const char *api);
 void vgpu_graph_end(const uint64_t *pre);
 
