@@ -75,16 +75,10 @@ def failed_nodes_words(
     as the filter reply's ``FailedNodes``: kube-scheduler puts that text into the pod's
     ``FailedScheduling`` event, so it says what this extender's own events and ``hami explain`` say.
     Each distinct text is worded once (a reply may name thousands of nodes and a handful of reasons)."""
-    if not containers:
-        return dict(failed)
-    words: dict[str, str] = {}
-    out = {}
-    for node, reason in failed.items():
-        text = words.get(reason)
-        if text is None:
-            text = words[reason] = humanize(reason, containers)
-        out[node] = text
-    return out
+    words = {reason: humanize(reason, containers) for reason in set(failed.values())} if containers else {}
+    if all(text == reason for reason, text in words.items()):
+        return dict(failed)  # nothing to add (no fit reasons, or no requests to word them by)
+    return {node: words[reason] for node, reason in failed.items()}
 
 
 def filtering_succeed_message(node: str, cards: list[str], not_chosen: int) -> str:
