@@ -267,7 +267,9 @@ class BindVerbs(VerbState):
                     stamp=A.encode_allocation_stamp(uid, decided) if decided else None,
                 )  # fmt: skip
         except NodeLockContention as e:
-            raise LockHeld("lock", f"binding {who} to {node} failed: {e}", expires_in_s=e.expires_in_s) from None
+            raise LockHeld(
+                "lock", f"binding {who} to {node} failed: {e}", expires_in_s=e.expires_in_s
+            ) from None
         except NotFound:
             self._release_reservation(uid)
             raise BindFailure(

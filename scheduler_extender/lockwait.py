@@ -301,7 +301,9 @@ class LockQueues:
                 self.handoffs += 1
                 if q.holder_since is not None:
                     sample = now - q.holder_since
-                    q.pace_s = sample if q.pace_s is None else (1 - PACE_WEIGHT) * q.pace_s + PACE_WEIGHT * sample
+                    q.pace_s = (
+                        sample if q.pace_s is None else (1 - PACE_WEIGHT) * q.pace_s + PACE_WEIGHT * sample
+                    )
             q.holder_since = now
             self._taken_at[waiter.node] = now
             self._taken_at.move_to_end(waiter.node)

@@ -34,6 +34,19 @@ async def extender(fake_apiserver: FakeApiServer):
         await server.stop()
 
 
+@pytest.fixture
+async def patient(fake_apiserver: FakeApiServer):
+    """The extender with a 120 s --bind-lock-wait: a test that waits for a wake-up other than a release
+    fails by its own bound (seconds), never because a slow machine ran out the bind's wait."""
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 4, count=10)))
+    server = await start_extender(fake_apiserver, "--bind-lock-wait", "120s")
+    await wait_ready(server)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
 def lock_owner(api: FakeApiServer, node: str = "node1") -> str | None:
     value = (api.store.get("nodes", node)["metadata"].get("annotations") or {}).get(A.NODE_LOCK)
     return None if value is None else value.rsplit(",", 1)[-1]
@@ -138,11 +151,11 @@ def backdate_lock(api: FakeApiServer, node: str, age_s: float) -> None:
     api.store.patch("nodes", node, {"metadata": {"annotations": {A.NODE_LOCK: lock}}})
 
 
-async def test_a_waiter_takes_the_lock_when_the_holders_lock_expires(fake_apiserver, extender, session) -> None:
+async def test_a_waiter_takes_the_lock_when_the_holders_lock_expires(fake_apiserver, patient, session) -> None:
     # The holder stays between Bind and Allocate (no device plugin here): only its lock's age frees
     # the node. Its lock was taken 298 s ago, so it expires (after --node-lock-timeout, 5 minutes)
-    # about 2 s into a wait of 20 s: the waiter must take it then, not fail after its whole wait.
-    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    # about 2 s into a wait of 120 s: the waiter must take it then, not wait out its whole wait.
+    api, sched = fake_apiserver, Scheduler(session, patient.url)
     first, second = await filtered(api, sched, "first"), await filtered(api, sched, "second")
     assert await sched.bind(first, "node1") == {"Error": ""}
     backdate_lock(api, "node1", 298)
@@ -151,8 +164,9 @@ async def test_a_waiter_takes_the_lock_when_the_holders_lock_expires(fake_apiser
 
 
 async def test_a_lock_released_while_the_node_watch_was_down_is_seen_after_the_relist(
-    fake_apiserver, extender, session
+    fake_apiserver, patient, session
 ) -> None:
+    extender = patient
     api, sched = fake_apiserver, Scheduler(session, extender.url)
     sync = extender.runtime.sync
     first, second = await filtered(api, sched, "first"), await filtered(api, sched, "second")
