@@ -26,6 +26,7 @@
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
     X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) \
+    X(cuStreamDestroy) X(cuStreamDestroy_v2) \
     X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy) X(cuCtxDestroy_v2) \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) \
     X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
@@ -36,7 +37,8 @@
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
-    R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute)
+    R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute) \
+    R(cuStreamQuery) R(cuCtxSetCurrent) R(cuThreadExchangeStreamCaptureMode)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 
