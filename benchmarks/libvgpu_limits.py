@@ -79,7 +79,7 @@ class Run:
         (sync / "go").touch()
         res = []
         for sp, p in zip(specs, procs, strict=True):
-            out, err = p.communicate(timeout=180)
+            out, err = communicate(p, 180)
             lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
             rec = lines[-1] if lines else {"failed": p.returncode, "stderr": err[-400:]}
             res.append(emit({"group": label, "spec": sp, **rec}))
@@ -106,7 +106,7 @@ class Run:
         recs = []
         for i, p in enumerate(procs):
             (sync / f"go{i}").touch()
-            out, err = p.communicate(timeout=120)
+            out, err = communicate(p, 60)
             lines = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
             recs.append(lines[-1] if lines else {"failed": p.returncode, "stderr": err[-400:]})
         ok = [r for r in recs if "t0" in r]
@@ -115,6 +115,16 @@ class Run:
         return emit({"group": label, "count": count, "sm": sm, "seconds_each": seconds, "ok": len(ok),
                      "span_s": round(span, 3), "tflops_over_span": round(work / span, 1) if span else None,
                      "per_process_tflops": [r.get("tflops") for r in recs]})  # fmt: skip
+
+
+def communicate(p: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """The process's output, or a failure note when it outlived `timeout` seconds (then killed)."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        return out, f"{err}\ntimed out after {timeout} s"
 
 
 def c_bench(cmd: list[str], env: dict) -> dict:
@@ -147,7 +157,7 @@ def main() -> int:
     ap.add_argument("--old", default="", help="an earlier libvgpu.so: the chain is run with it too")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--only", default="", help="comma list of parts: shares,accuracy,chain,overhead,start")
+    ap.add_argument("--only", default="", help="comma list of parts: shares,shares2,accuracy,chain,overhead,start")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     lib = str(Path(a.lib).resolve())
@@ -177,6 +187,12 @@ def main() -> int:
             summary["2x50"] = [share(v) for v in x]
             x = r.group("50-beside-sparse", [{"sm": 50}, {"sm": 50, "sparse_ms": 50}])
             summary["50_beside_sparse"] = share(x[0])
+        if "shares2" in parts:  # a second sample of the groups nearest their bounds
+            for label, specs, key in (("25-75-b", [{"sm": 25}, {"sm": 75}], "25_75_b"),
+                                      ("50-4streams-vs-50-1stream-b", [{"sm": 50, "streams": 4}, {"sm": 50}], "50_4streams_vs_1stream_b"),
+                                      ("50-beside-sparse-b", [{"sm": 50}, {"sm": 50, "sparse_ms": 50}], "50_beside_sparse_b"),
+                                      ("50-beside-unlimited-b", [{"sm": 50}, {"sm": None}], "50_beside_unlimited_b")):  # fmt: skip
+                summary[key] = [share(v) for v in r.group(label, specs)]
         if "accuracy" in parts:
             acc = {}
             for sm in (10, 20, 30, 50, 70, 90):
