@@ -168,7 +168,7 @@ def test_card_region_layout(cli, card_dir):
     tenants(cli, card_dir, [(50, 1), (30, 0)], ms=300)
     raw = (card_dir / f"{UUID0}.card").read_bytes()
     magic, major, minor, hsize, tsize, maxt = struct.unpack_from("<6I", raw, 0)
-    assert (magic, major, minor, hsize, tsize, maxt) == (0x44524356, 1, 0, 256, 128, 64)
+    assert (magic, major, minor, hsize, tsize, maxt) == (0x44524356, 1, 1, 256, 128, 64)
     assert len(raw) == 256 + 64 * 128
     entries = []
     for i in range(64):

@@ -20,7 +20,7 @@ from .conftest import parse
 from .test_card import UUID0
 
 SIZE = 256 + 64 * 128
-HEADER = struct.pack("<6I", 0x44524356, 1, 0, 256, 128, 64)  # magic, major, minor, sizes, tenants
+HEADER = struct.pack("<6I", 0x44524356, 1, 1, 256, 128, 64)  # magic, major, minor, sizes, tenants
 ENV = {"FAKE_KERNEL_US": "1000", "LIBVGPU_SM_SLICE_MS": "20", "CUDA_DEVICE_SM_LIMIT": "50"}
 
 
