@@ -250,7 +250,7 @@ def main() -> int:
             for i in range(2):
                 for name in ("none", "ours"):
                     env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / f"st.{name}.{i}.cache"),
-                               CUDA_DEVICE_MEMORY_LIMIT="1000m")  # fmt: skip
+                               CUDA_DEVICE_MEMORY_LIMIT="60000m")  # 64 contexts of ~520 MiB fit  # fmt: skip
                     if name == "ours":
                         env["LD_PRELOAD"] = lib
                     rec = emit({"bench": "start64", "lib": name, "run": i, **storm(str(probe), 64, env, work, f"{name}{i}")})
