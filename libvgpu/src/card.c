@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "card.h"
 #include "config.h"
@@ -126,8 +127,18 @@ static vgpu_card_region_t *map_card(const char *path) {
              strerror(errno));
         return NULL;
     }
+    /* The lock orders the first formatting of the file. Any tenant can hold it forever, so it
+     * is asked for without blocking, for at most 50 ms; without it the header is still written
+     * only over a zero magic, and every writer writes the same values. */
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    int locked = fcntl(fd, F_OFD_SETLKW, &fl) == 0 || fcntl(fd, F_SETLKW, &fl) == 0;
+    int locked = 0;
+    for (int i = 0; i < 50 && !locked; i++) {
+        locked = fcntl(fd, F_OFD_SETLK, &fl) == 0 || (errno == EINVAL && fcntl(fd, F_SETLK, &fl) == 0);
+        if (!locked) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
     struct stat st;
     void *p = MAP_FAILED;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&

@@ -9,6 +9,7 @@ waits forever, no launch fails and no process dies of a signal.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import random
 import struct
@@ -107,3 +108,17 @@ def test_tenants_survive_a_neighbour_scribbling_on_the_card_file(cli, card):
     finally:
         stop.set()
         t.join()
+
+
+def test_a_neighbour_holding_a_file_lock_on_the_card_file_stalls_no_one(cli, card):
+    # Before, the first launch took a blocking fcntl lock on the card file to format it, so a
+    # tenant that held one (any tenant can: the file is mounted read-write) stalled every
+    # neighbour's first launch for as long as it held it.
+    with open(card, "r+b") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        try:
+            procs = [tenant(cli, card, f"l{i}") for i in range(2)]
+            for p in procs:
+                finished(p, timeout=20)
+        finally:
+            fcntl.lockf(f, fcntl.LOCK_UN)
