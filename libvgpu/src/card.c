@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +121,50 @@ static void advance(vgpu_card_region_t *r, uint64_t now) {
     r->active = k;
 }
 
-static vgpu_card_region_t *map_card(const char *path) {
+/* A tenant can truncate the card file: the pages of a shared mapping past its end then fault
+ * (SIGBUS) in every process that touches them. A fault inside a card mapping is answered by
+ * putting zeroed private memory in its place (mmap is async-signal-safe), so the access is
+ * retried there and the process goes on working alone on that device; any other SIGBUS goes to
+ * the handler that was there before. */
+static _Atomic(void *) mapped[VGPU_MAX_DEVICES];
+static _Atomic int lost[VGPU_MAX_DEVICES];
+static struct sigaction prev_bus;
+
+static void on_bus(int sig, siginfo_t *si, void *uc) {
+    char *a = si ? (char *)si->si_addr : NULL;
+    for (int i = 0; i < VGPU_MAX_DEVICES && a; i++) {
+        char *m = atomic_load(&mapped[i]);
+        if (m && a >= m && a < m + sizeof(vgpu_card_region_t)) {
+            mmap(m, sizeof(vgpu_card_region_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+            atomic_store(&lost[i], 1);
+            return;
+        }
+    }
+    if (prev_bus.sa_flags & SA_SIGINFO) {
+        if (prev_bus.sa_sigaction) prev_bus.sa_sigaction(sig, si, uc);
+        return;
+    }
+    if (prev_bus.sa_handler != SIG_DFL && prev_bus.sa_handler != SIG_IGN && prev_bus.sa_handler) {
+        prev_bus.sa_handler(sig);
+        return;
+    }
+    signal(sig, SIG_DFL); /* the default action: returning re-raises the fault */
+}
+
+static void guard_mapping(int rdev, vgpu_card_region_t *r) {
+    static int installed;
+    if (!installed) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_bus;
+        sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&sa.sa_mask);
+        if (sigaction(SIGBUS, &sa, &prev_bus) == 0) installed = 1;
+    }
+    atomic_store(&mapped[rdev], (void *)r);
+}
+
+static vgpu_card_region_t *map_card(const char *path, int guard_rdev) {
     int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         VLOG(errno == ENOENT ? VLOG_INFO : VLOG_WARN, "card region %s: %s; the compute limiter works alone", path,
@@ -145,6 +189,7 @@ static vgpu_card_region_t *map_card(const char *path) {
         ((size_t)st.st_size >= sizeof(vgpu_card_region_t) || ftruncate(fd, sizeof(vgpu_card_region_t)) == 0))
         p = mmap(NULL, sizeof(vgpu_card_region_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     vgpu_card_region_t *r = p == MAP_FAILED ? NULL : p;
+    if (r) guard_mapping(guard_rdev, r);
     if (r && atomic_load((_Atomic uint32_t *)&r->magic) == 0) {
         r->major = VGPU_CARD_MAJOR;
         r->minor = VGPU_CARD_MINOR;
@@ -156,6 +201,7 @@ static vgpu_card_region_t *map_card(const char *path) {
     } else if (r && (r->magic != VGPU_CARD_MAGIC || r->major != VGPU_CARD_MAJOR)) {
         VLOG(VLOG_ERROR, "card region %s: magic 0x%x major %u, expected 0x%x major %u; the compute limiter works alone",
              path, r->magic, r->major, VGPU_CARD_MAGIC, VGPU_CARD_MAJOR);
+        atomic_store(&mapped[guard_rdev], NULL);
         munmap(p, sizeof(vgpu_card_region_t));
         r = NULL;
     }
@@ -190,7 +236,7 @@ int vgpu_card_attach(int rdev) {
         if (dir && *dir) {
             char path[4096];
             snprintf(path, sizeof path, "%s/%s.card", dir, vgpu_region->devices[rdev].uuid);
-            r = map_card(path);
+            r = map_card(path, rdev);
         }
         if (r && card_lock(r) != 0) {
             VLOG(VLOG_WARN, "card region of %s: its lock stays held; the compute limiter works alone",
@@ -220,8 +266,12 @@ int vgpu_card_attach(int rdev) {
                               vgpu_region->devices[rdev].uuid, VGPU_CARD_MAX_TENANTS);
             else VLOG(VLOG_INFO, "card region of %s: tenant %d", vgpu_region->devices[rdev].uuid, idx);
         }
-        if (r && idx < 0) munmap(r, sizeof(vgpu_card_region_t));
+        if (r && idx < 0) {
+            atomic_store(&mapped[rdev], NULL);
+            munmap(r, sizeof(vgpu_card_region_t));
+        }
         c->r = idx >= 0 ? r : NULL;
+        if (idx >= 0) guard_mapping(rdev, r);
         c->idx = idx;
         __atomic_store_n(&c->state, idx >= 0 ? 2 : 1, __ATOMIC_RELEASE);
     }
@@ -234,7 +284,7 @@ int vgpu_card_attach(int rdev) {
 static vgpu_card_region_t *lock_of(int rdev, uint64_t now) {
     if (vgpu_card_attach(rdev) != 0) return NULL;
     card_ref_t *c = &refs[rdev];
-    if (now < atomic_load(&c->detached_until)) return NULL;
+    if (now < atomic_load(&c->detached_until) || atomic_load(&lost[rdev])) return NULL;
     pthread_mutex_lock(&local_mu);
     if (card_lock(c->r) == 0) return c->r;
     pthread_mutex_unlock(&local_mu);

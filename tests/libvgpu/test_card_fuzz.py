@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import fcntl
 import mmap
+import os
 import random
 import struct
 import threading
+import time
 
 import pytest
 
@@ -122,3 +124,18 @@ def test_a_neighbour_holding_a_file_lock_on_the_card_file_stalls_no_one(cli, car
                 finished(p, timeout=20)
         finally:
             fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def test_a_neighbour_truncating_the_card_file_crashes_no_one(cli, card):
+    # The pages of a shared mapping past the end of its file fault (SIGBUS) in every process that
+    # touches them; before, a tenant that truncated the card file killed its neighbours.
+    procs = [tenant(cli, card, f"x{i}", ms=1500) for i in range(2)]
+    for p in procs:
+        assert p.stdout.readline().split() == ["init", "0"]
+    deadline = time.monotonic() + 10
+    while card.stat().st_size < SIZE and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # both are launching, attached to the region
+    os.truncate(card, 0)
+    for p in procs:
+        finished(p)
