@@ -21,8 +21,10 @@
 #undef cuStreamDestroy
 
 /* SYNC_BEGIN before the real call, SYNCED(kind, stream, per_thread) after it (rc in scope). */
-#define SYNC_BEGIN uint64_t _ll = VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE) ? atomic_load(&vgpu_last_launch_ns) : 0
-#define SYNCED(k, s, pt) do { if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE) && rc == CUDA_SUCCESS) vgpu_sm_synced(k, (void *)(s), pt, _ll); } while (0)
+#define SYNC_BEGIN uint64_t _tok = VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE) ? vgpu_launch_token(0) : 0
+#define SYNCED(k, s, pt) do { if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE) && rc == CUDA_SUCCESS) vgpu_sm_synced(k, (void *)(s), pt, _tok); } while (0)
+/* After the driver returned from a launch: it is in the driver's queue now (smqueue.h). */
+#define LAUNCHED() do { if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE)) atomic_fetch_add(&vgpu_launches_done, 1); } while (0)
 #define PACE(s) do { if (VGPU_UNLIKELY(vgpu_sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s), 0); } while (0)
 #define PACE_PT(s) do { if (VGPU_UNLIKELY(vgpu_sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s), 1); } while (0)
 
@@ -37,39 +39,55 @@ typedef CUresult (*graph_t)(CUgraphExec, CUstream);
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
     PACE(s);
-    return CALL_REAL(launch_t, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    CUresult rc = CALL_REAL(launch_t, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
                                          void **extra) {
     PACE_PT(s);
-    return CALL_REAL(launch_t, cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    CUresult rc = CALL_REAL(launch_t, cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     PACE(c ? c->hStream : NULL);
-    return CALL_REAL(launch_ex_t, cuLaunchKernelEx, c, f, params, extra);
+    CUresult rc = CALL_REAL(launch_ex_t, cuLaunchKernelEx, c, f, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     PACE_PT(c ? c->hStream : NULL);
-    return CALL_REAL(launch_ex_t, cuLaunchKernelEx_ptsz, c, f, params, extra);
+    CUresult rc = CALL_REAL(launch_ex_t, cuLaunchKernelEx_ptsz, c, f, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
     PACE(s);
-    return CALL_REAL(coop_t, cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    CUresult rc = CALL_REAL(coop_t, cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                     unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
                                                     void **params) {
     PACE_PT(s);
-    return CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    CUresult rc = CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     PACE(s);
     uint64_t pre[GRAPHMEM_DEVS]; /* graph memory nodes: checked before (graphmem.c), sampled after (pools.c) */
     int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphLaunch");
-    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mem < 0) {
+        LAUNCHED(); /* refused: nothing reaches the driver */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult rc = CALL_REAL(graph_t, cuGraphLaunch, g, s);
+    LAUNCHED();
     if (mem) vgpu_graph_end(pre);
     if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch();
     return rc;
@@ -78,8 +96,12 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     PACE_PT(s);
     uint64_t pre[GRAPHMEM_DEVS]; /* graph memory nodes: checked before (graphmem.c), sampled after (pools.c) */
     int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphLaunch_ptsz");
-    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mem < 0) {
+        LAUNCHED(); /* refused: nothing reaches the driver */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult rc = CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
+    LAUNCHED();
     if (mem) vgpu_graph_end(pre);
     if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch();
     return rc;

@@ -65,7 +65,7 @@ static pacer_t pacers[VGPU_MAX_DEVICES];
 static pthread_once_t sm_once = PTHREAD_ONCE_INIT;
 
 static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, CUstream s, int force,
-                        uint64_t prev_launch);
+                        uint64_t prev_launch, int in_launch);
 
 /* At exit: the open slices are closed (their queued work drained and charged to the
  * container's shared pause), so the container's next process pays for this one's last slice. */
@@ -76,7 +76,7 @@ static void sm_exit(void) {
         pacer_t *pc = &pacers[rdev];
         if (!__atomic_load_n(&pc->slice_start, __ATOMIC_RELAXED) || pthread_mutex_trylock(&pc->mu) != 0) continue;
         pthread_mutex_unlock(&pc->mu); /* no thread is inside close_slice: it may run here */
-        close_slice(rdev, &vgpu_region->devices[rdev], pc, vgpu_now_ns(), NULL, 1, prev);
+        close_slice(rdev, &vgpu_region->devices[rdev], pc, vgpu_now_ns(), NULL, 1, prev, 0);
     }
     vgpu_q_exit();
     vgpu_card_exit();
@@ -89,7 +89,11 @@ static void sm_after_fork(void) {
         pacers[i].ngaps = 0;
     }
 }
-__attribute__((constructor)) static void sm_register_fork(void) { vgpu_on_fork_child(sm_after_fork); }
+static void charge_dead_slice(int rdev, uint64_t start);
+__attribute__((constructor)) static void sm_register_fork(void) {
+    vgpu_on_fork_child(sm_after_fork);
+    vgpu_dead_slice_hook = charge_dead_slice;
+}
 
 static void sm_setup(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) pthread_mutex_init(&pacers[i].mu, NULL);
@@ -116,10 +120,52 @@ static void sm_setup(void) {
     __atomic_store_n(&vgpu_sm_state, state, __ATOMIC_RELEASE);
 }
 
+/* The open slice is published in this process's slot, so that if the process is killed the
+ * reaper charges it to the container (vgpu_dead_slice_hook); one device at a time. */
+static void publish_slice(int rdev, uint64_t start) {
+    int me = vgpu_my_slot();
+    if (me < 0) return;
+    vgpu_slot_t *sl = &vgpu_region->slots[me];
+    if (start) {
+        if (atomic_load(&sl->slice_open_ns)) return; /* another device's slice is published */
+        atomic_store(&sl->slice_rdev, rdev);
+        atomic_store(&sl->slice_open_ns, start);
+    } else if (atomic_load(&sl->slice_rdev) == rdev) {
+        atomic_store(&sl->slice_open_ns, 0);
+    }
+}
+
 /* Caller holds pc->mu. */
-static void open_slice(pacer_t *pc, uint64_t now) {
+static void open_slice(int rdev, pacer_t *pc, uint64_t now) {
     pc->ngaps = 0;
     __atomic_store_n(&pc->slice_start, now, __ATOMIC_RELAXED);
+    publish_slice(rdev, now);
+}
+
+/* The reaper found a dead process of the container with a slice open on `rdev` since `start`:
+ * its queued work is charged up to one slice (or up to now), and the shared pause extended, as
+ * close_slice would have. */
+static void charge_dead_slice(int rdev, uint64_t start) {
+    pthread_once(&sm_once, sm_setup); /* the reaping process may not have launched yet */
+    vgpu_device_t *d = &vgpu_region->devices[rdev];
+    uint32_t p = d->sm_limit;
+    uint64_t now = vgpu_now_ns();
+    if (p == 0 || p >= 100 || start > now) return;
+    uint64_t end = start + slice_ns < now ? start + slice_ns : now;
+    uint64_t cov = atomic_load(&d->covered_until_ns), from;
+    do {
+        from = start > cov ? start : cov;
+    } while (!atomic_compare_exchange_weak(&d->covered_until_ns, &cov, cov > end ? cov : end));
+    uint64_t busy = end > from ? end - from : 0;
+    uint64_t need = busy * 100 / p, window = end - start;
+    uint64_t idle = need > window ? need - window : 0;
+    uint64_t pu = atomic_load(&d->pause_until_ns), next;
+    do {
+        next = (pu > end ? pu : end) + idle;
+    } while (!atomic_compare_exchange_weak(&d->pause_until_ns, &pu, next));
+    atomic_fetch_add(&d->busy_ns_total, busy);
+    VLOG(VLOG_INFO, "device %d: a dead process's open slice charged (%llu us busy)", rdev,
+         (unsigned long long)(busy / 1000));
 }
 static void sleep_until(uint64_t t) {
     struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
@@ -189,7 +235,7 @@ static uint64_t gaps_within(pacer_t *pc, uint64_t from, uint64_t end) {
  * `force` closes a slice shorter than slice_ns (before waiting for someone else's pause, so
  * the pause itself is never charged as busy time). */
 static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, CUstream s, int force,
-                        uint64_t prev_launch) {
+                        uint64_t prev_launch, int in_launch) {
     pthread_mutex_lock(&pc->mu);
     uint64_t start = pc->slice_start;
     if (!start || (!force && now - start < slice_ns)) { pthread_mutex_unlock(&pc->mu); return; }
@@ -201,10 +247,10 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
         return;
     }
     uint64_t ls = atomic_load(&vgpu_last_drain_ns); /* the program's own, before ours */
-    uint64_t ll = atomic_load(&vgpu_last_launch_ns);
+    uint64_t tok = vgpu_launch_token(in_launch);
     typedef CUresult (*sync_t)(void);
     sync_t sync = (sync_t)REAL_PTR(cuCtxSynchronize);
-    if (sync && sync() == CUDA_SUCCESS) vgpu_q_drained(rdev, ll);
+    if (sync && sync() == CUDA_SUCCESS) vgpu_q_drained(rdev, tok);
     uint64_t end = vgpu_now_ns();
     if (ls > prev_launch && ls > start && ls < end) end = ls; /* the program drained its work then went idle */
     uint64_t cov = atomic_load(&d->covered_until_ns), from;
@@ -236,6 +282,7 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
     atomic_fetch_add(&d->busy_ns_total, busy);
     atomic_store(&d->last_kernel_time, (uint64_t)time(NULL));
     __atomic_store_n(&pc->slice_start, 0, __ATOMIC_RELAXED);
+    publish_slice(rdev, 0);
     pthread_mutex_unlock(&pc->mu);
     VLOG(VLOG_DEBUG, "device %d slice: busy %llu us, pause %llu us", rdev, (unsigned long long)(busy / 1000),
          (unsigned long long)(idle / 1000));
@@ -244,6 +291,7 @@ static void close_slice(int rdev, vgpu_device_t *d, pacer_t *pc, uint64_t now, C
 void vgpu_sm_before_launch(void *stream, int per_thread) {
     if (VGPU_UNLIKELY(__atomic_load_n(&vgpu_sm_state, __ATOMIC_ACQUIRE) == SM_UNKNOWN)) pthread_once(&sm_once, sm_setup);
     if (vgpu_sm_state != SM_ACTIVE) return;
+    atomic_fetch_add(&vgpu_launches_started, 1); /* the hook counts it done once the driver has it */
     int rdev = vgpu_current_rdev();
     if (rdev < 0 || !vgpu_region) return;
     vgpu_device_t *d = &vgpu_region->devices[rdev];
@@ -265,10 +313,10 @@ void vgpu_sm_before_launch(void *stream, int per_thread) {
     if (now < pu) {
         /* Someone (this or another process) is pausing the device: charge what we ran so far,
          * wait, and open a fresh slice afterwards. */
-        if (start) close_slice(rdev, d, pc, now, (CUstream)stream, 1, prev_launch);
+        if (start) close_slice(rdev, d, pc, now, (CUstream)stream, 1, prev_launch, 1);
     } else if (start == 0) {
         pthread_mutex_lock(&pc->mu);
-        if (pc->slice_start == 0) open_slice(pc, now);
+        if (pc->slice_start == 0) open_slice(rdev, pc, now);
         pthread_mutex_unlock(&pc->mu);
         vgpu_q_launch(rdev, stream, per_thread);
         return;
@@ -276,7 +324,7 @@ void vgpu_sm_before_launch(void *stream, int per_thread) {
         vgpu_q_launch(rdev, stream, per_thread);
         return;
     } else {
-        close_slice(rdev, d, pc, now, (CUstream)stream, 0, prev_launch);
+        close_slice(rdev, d, pc, now, (CUstream)stream, 0, prev_launch, 1);
     }
     pu = atomic_load(&d->pause_until_ns);
     now = vgpu_now_ns();
@@ -286,9 +334,9 @@ void vgpu_sm_before_launch(void *stream, int per_thread) {
         now = vgpu_now_ns();
     }
     pthread_mutex_lock(&pc->mu);
-    if (pc->slice_start == 0) open_slice(pc, now);
+    if (pc->slice_start == 0) open_slice(rdev, pc, now);
     pthread_mutex_unlock(&pc->mu);
     vgpu_q_launch(rdev, stream, per_thread);
 }
 
-void vgpu_sm_synced(int kind, void *stream, int per_thread, uint64_t ll) { vgpu_q_synced(kind, stream, per_thread, ll); }
+void vgpu_sm_synced(int kind, void *stream, int per_thread, uint64_t tok) { vgpu_q_synced(kind, stream, per_thread, tok); }

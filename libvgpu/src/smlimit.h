@@ -10,8 +10,8 @@ extern int vgpu_sm_state;
 /* Paces a launch on `stream` (may sleep until the device's pause ends); `per_thread` for the
  * _ptsz entry points (a NULL stream is then the calling thread's own default stream). */
 void vgpu_sm_before_launch(void *stream, int per_thread);
-/* A synchronisation of kind VGPU_SYNC_* (smqueue.h) returned successfully; `ll` is
- * vgpu_last_launch_ns read before it was called (only called while the limiter is active). */
-void vgpu_sm_synced(int kind, void *stream, int per_thread, uint64_t ll);
+/* A synchronisation of kind VGPU_SYNC_* (smqueue.h) returned successfully; `tok` is
+ * vgpu_launch_token(0) taken before it was called (only called while the limiter is active). */
+void vgpu_sm_synced(int kind, void *stream, int per_thread, uint64_t tok);
 
 #endif

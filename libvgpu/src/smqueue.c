@@ -20,7 +20,9 @@
  * synchronisations and the limiter's drain (charged as busy meanwhile: the safe side).
  * A launch and a drain race through a store-then-load pair on both sides (sequentially
  * consistent), so a launch is never lost: either the drain sees it and backs out, or the
- * launch sees the device idle and marks it queued again.
+ * launch sees the device idle and marks it queued again. A launch is marked queued before the
+ * driver has it, so a drain also needs every launch that entered the limiter to have come back
+ * from the driver (vgpu_launches_started == vgpu_launches_done) when it began.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -42,6 +44,13 @@
 #define TOUCH_NS 100000000ull
 
 _Atomic uint64_t vgpu_last_launch_ns, vgpu_last_drain_ns;
+_Atomic uint32_t vgpu_launches_started, vgpu_launches_done;
+
+/* 1 when no launch was in flight at `tok` and none has started since. */
+static int still_quiet(uint64_t tok) {
+    uint32_t s = (uint32_t)(tok >> 32), d = (uint32_t)tok;
+    return s == d && atomic_load(&vgpu_launches_started) == s;
+}
 
 typedef struct {
     _Atomic int queued;
@@ -123,11 +132,11 @@ void vgpu_q_launch(int rdev, void *stream, int per_thread) {
     start_watcher();
 }
 
-/* Caller holds q->mu: the work launched up to `ll` is known done; 1 when that is all of it. */
-static int drain_locked(devq_t *q, int rdev, uint64_t ll) {
+/* Caller holds q->mu: the work launched before `tok` is known done; 1 when that is all of it. */
+static int drain_locked(devq_t *q, int rdev, uint64_t tok) {
     if (!atomic_load(&q->queued)) return 1;
     atomic_store(&q->queued, 0);
-    if (atomic_load(&vgpu_last_launch_ns) != ll) { /* a launch raced the drain */
+    if (!still_quiet(tok)) { /* a launch was in flight or raced the drain */
         atomic_store(&q->queued, 1);
         return 0;
     }
@@ -136,21 +145,21 @@ static int drain_locked(devq_t *q, int rdev, uint64_t ll) {
     return 1;
 }
 
-static int drain(int rdev, uint64_t ll) {
+static int drain(int rdev, uint64_t tok) {
     pthread_once(&q_once, q_init);
     devq_t *q = &qs[rdev];
     pthread_mutex_lock(&q->mu);
-    int ok = drain_locked(q, rdev, ll);
+    int ok = drain_locked(q, rdev, tok);
     pthread_mutex_unlock(&q->mu);
     if (ok) atomic_store(&vgpu_last_drain_ns, vgpu_now_ns());
     return ok;
 }
 
-void vgpu_q_drained(int rdev, uint64_t ll) {
-    if (rdev >= 0 && rdev < VGPU_MAX_DEVICES) drain(rdev, ll);
+void vgpu_q_drained(int rdev, uint64_t tok) {
+    if (rdev >= 0 && rdev < VGPU_MAX_DEVICES) drain(rdev, tok);
 }
 
-int vgpu_q_synced(int kind, void *stream, int per_thread, uint64_t ll) {
+int vgpu_q_synced(int kind, void *stream, int per_thread, uint64_t tok) {
     int rdev = vgpu_current_rdev();
     if (rdev < 0 || rdev >= VGPU_MAX_DEVICES) return 0;
     devq_t *q = &qs[rdev];
@@ -162,7 +171,7 @@ int vgpu_q_synced(int kind, void *stream, int per_thread, uint64_t ll) {
     int all = kind == VGPU_SYNC_CTX ||
               (kind == VGPU_SYNC_STREAM && n == 1 && atomic_load(&q->streams[0]) == norm(stream, per_thread)) ||
               (kind == VGPU_SYNC_EVENT && n == 1);
-    return all ? drain(rdev, ll) : 0;
+    return all ? drain(rdev, tok) : 0;
 }
 
 int vgpu_q_busy(int rdev) { return rdev >= 0 && rdev < VGPU_MAX_DEVICES && atomic_load(&qs[rdev].queued); }
@@ -204,9 +213,11 @@ static void *watch(void *arg) {
                 q->last_touch = now;
             }
             if (now < ll + QUIET_NS) continue; /* launches are flowing: ask in a pause */
+            uint64_t tok = vgpu_launch_token(0);
+            if ((uint32_t)(tok >> 32) != (uint32_t)tok) continue; /* a launch is in flight */
             pthread_mutex_lock(&q->mu);
             int done = !atomic_load(&exiting) && atomic_load(&q->queued) && all_done(q, &cur);
-            int ok = done && drain_locked(q, rdev, ll);
+            int ok = done && drain_locked(q, rdev, tok);
             pthread_mutex_unlock(&q->mu);
             if (ok) atomic_store(&vgpu_last_drain_ns, vgpu_now_ns());
         }
@@ -252,5 +263,7 @@ static void q_after_fork(void) {
         atomic_store(&qs[i].nstreams, 0);
     }
     atomic_store(&watcher_pid, 0);
+    atomic_store(&vgpu_launches_started, 0); /* a launch in flight in another thread of the parent */
+    atomic_store(&vgpu_launches_done, 0);
 }
 __attribute__((constructor)) static void q_register_fork(void) { vgpu_on_fork_child(q_after_fork); }

@@ -11,6 +11,7 @@ throttled_ns_total counter.
 from __future__ import annotations
 
 import mmap
+import signal
 import struct
 import time
 
@@ -174,3 +175,22 @@ def test_cpu_time_between_launches_is_not_charged_as_gpu_time(cli):
     (dev,) = read_region(cli.cache).devices
     assert dev.busy_ns_total < 700_000_000, dev
     assert dev.throttled_ns_total < 700_000_000, dev
+
+
+def test_a_killed_process_pays_its_last_slice_to_its_container(cli):
+    # A process killed inside its slice (SIGKILL: no exit handler runs) published the slice in
+    # its slot; the next process of the container reaps the slot at start and charges it.
+    env = {"FAKE_KERNEL_US": "100000", "CUDA_DEVICE_SM_LIMIT": "5"}
+    p = cli.popen("init", "launch", "1", "hold", env=env)
+    assert p.stdout.readline().split() == ["init", "0"]
+    assert p.stdout.readline().split() == ["launch", "0"]
+    assert p.stdout.readline().split() == ["hold", "0"]
+    time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed = time.monotonic_ns()
+    r = cli.run("init", "alloc", "1m", env=env)  # claims a slot: reaps the dead one
+    assert r.codes("alloc") == [0]
+    (dev,) = read_region(cli.cache).devices
+    assert dev.busy_ns_total >= 90_000_000, dev
+    assert pause_until_ns(cli) > killed, (pause_until_ns(cli), killed)
