@@ -2,7 +2,7 @@
  * launchhooks.c - kernel launches pass the compute limiter (smlimit.c) first; synchronisation
  * entry points tell it when the program last waited for the GPU and let stream-ordered pools
  * release memory above their threshold (pools.c). Pass-through otherwise: the disabled path
- * costs one load and one predictable branch per launch.
+ * costs two loads and two predictable branches per launch (one before the driver call, one after).
  */
 #include <cuda.h>
 #include <stdatomic.h>

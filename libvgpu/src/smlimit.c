@@ -28,7 +28,7 @@
  * has work queued (observe mode), so limited neighbours charge themselves their share of the
  * card, not the time it took. Hard cap by default; LIBVGPU_SM_USE_IDLE=true skips the
  * pause while NVML shows no compute process on the card outside this container.
- * The disabled path costs one load and one predictable branch per launch.
+ * The disabled path costs two loads and two predictable branches per launch (launchhooks.c).
  */
 #include <stdatomic.h>
 #include <cuda.h>
