@@ -88,3 +88,17 @@ def test_doors_hand_out_the_hooks_the_header_has(hcli):
     v4 = "libvgpu.so:cuCtxCreate_v4" if version >= 12050 else "libcuda.so.1:cuCtxCreate_v4"
     assert r.op(1) == ["procaddr", "0", "0", v4]
     assert r.op(2)[1] == "libvgpu.so:cuMemAlloc_v2"
+
+
+def test_ways_out_of_the_memory_limit_stay_closed(hcli):
+    # VMM create/map/release, a graph memory node, the device heap: hooked under every header
+    cli, _ = hcli
+    env = {"CUDA_DEVICE_MEMORY_LIMIT": "2g", "FAKE_GPU_MIB": "16384"}
+    vmm = [
+        a for k in range(3) for a in ("vmm", "0", "1g", "vmmmap", str(1 + 2 * k), "0", "free", str(1 + 2 * k))
+    ]
+    r = cli.run("init", "graphcreate", "graphalloc", "0", "6g", "instantiate", "0", "flags", "setlimit", "heap", "6g",
+                *vmm, env=env)  # fmt: skip
+    assert r.codes("vmm") == [CUDA_SUCCESS, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.codes("instantiate") == [CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.codes("setlimit") == [CUDA_ERROR_OUT_OF_MEMORY]
