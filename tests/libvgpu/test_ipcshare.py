@@ -11,7 +11,9 @@ every import is closed).
 
 from __future__ import annotations
 
+import fcntl
 import signal
+import struct
 from pathlib import Path
 
 from .conftest import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB
@@ -114,6 +116,43 @@ def test_garbage_in_the_table_charges_the_import(cli):
         assert r.codes("ipcimport") == [CUDA_SUCCESS]
         assert r.op(2) == ["meminfo", "0", str(2 * GIB), str(4 * GIB)]  # charged as a foreign import
         assert r.op(4) == ["meminfo", "0", str(3 * GIB), str(4 * GIB)]
+    finally:
+        stop(exporter)
+
+
+def test_entry_out_of_range_charges_the_import(cli):
+    # a sane header, but the entry's charger names no holder and its size is absurd
+    handle = cli.tmp / "h"
+    exporter = cli.popen("init", "alloc", "1g", "ipcexport", "0", str(handle), "hold", env=ENV)
+    try:
+        wait_line(exporter, "hold")
+        table = Path(str(cli.cache) + ".ipc")
+        raw = bytearray(table.read_bytes())
+        assert struct.unpack_from("<I", raw, 0)[0] == 0x43504956
+        entry = 256  # the first entry
+        assert struct.unpack_from("<I", raw, entry)[0] == 1
+        struct.pack_into("<Q", raw, entry + 16, 1 << 62)
+        struct.pack_into("<i", raw, entry + 88, 99)
+        table.write_bytes(bytes(raw))
+        r = cli.run("init", "ipcimport", str(handle), "meminfo", env=ENV)
+        assert r.codes("ipcimport") == [CUDA_SUCCESS]
+        assert r.op(2) == ["meminfo", "0", str(2 * GIB), str(4 * GIB)]
+    finally:
+        stop(exporter)
+
+
+def test_table_locked_by_another_process_does_not_block_the_import(cli):
+    # a process of the container that holds the table's lock forever: the import gives up waiting
+    # (bounded) and is charged as a foreign one
+    handle = cli.tmp / "h"
+    exporter = cli.popen("init", "alloc", "1g", "ipcexport", "0", str(handle), "hold", env=ENV)
+    try:
+        wait_line(exporter, "hold")
+        with open(str(cli.cache) + ".ipc", "r+b") as f:
+            fcntl.lockf(f, fcntl.LOCK_EX)
+            r = cli.run("init", "ipcimport", str(handle), "meminfo", env=ENV, timeout=30)
+        assert r.codes("ipcimport") == [CUDA_SUCCESS]
+        assert r.op(2) == ["meminfo", "0", str(2 * GIB), str(4 * GIB)]
     finally:
         stop(exporter)
 
