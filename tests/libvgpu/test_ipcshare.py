@@ -193,3 +193,22 @@ def test_charge_moves_to_the_next_holder_at_exit_and_close(cli):
         assert usage(cli.cache) == 0
     finally:
         stop(exporter, imp1, imp2)
+
+
+def test_killed_last_holder_gives_the_charge_back(cli):
+    # the exporter freed, the importer carried the charge and is killed: nobody holds the memory
+    handle, go = cli.tmp / "h", cli.tmp / "go"
+    exporter = cli.popen("init", "alloc", "3g", "ipcexport", "0", str(handle), "waitfile", str(go),
+                         "free", "0", "hold", env=ENV)  # fmt: skip
+    importer = cli.popen("init", "ipcimport", str(handle), "hold", env=ENV)
+    try:
+        assert wait_line(importer, "ipcimport").split()[1] == str(CUDA_SUCCESS)
+        go.touch()
+        assert wait_line(exporter, "free").split()[1] == str(CUDA_SUCCESS)
+        assert usage(cli.cache) == 3 * GIB
+        importer.send_signal(signal.SIGKILL)
+        importer.wait()
+        # the over-limit answer sweeps dead slots first; the charge went with its last holder
+        assert cli.run("init", "alloc", "4g", env=ENV).codes("alloc") == [CUDA_SUCCESS]
+    finally:
+        stop(exporter, importer)
