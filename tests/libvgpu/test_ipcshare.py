@@ -14,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import signal
 import struct
+from contextlib import contextmanager
 from pathlib import Path
 
 from .conftest import CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, MIB
@@ -36,12 +37,21 @@ def stop(*procs) -> None:
         p.communicate(timeout=20)
 
 
-def test_import_within_the_container_is_not_charged_twice(cli):
+@contextmanager
+def exported(cli, size: str, env: dict[str, str] = ENV):
+    """A process holding an allocation of `size` that it exported; yields the handle's file."""
     handle = cli.tmp / "h"
-    exporter = cli.popen("init", "alloc", "3g", "ipcexport", "0", str(handle), "hold", env=ENV)
-    wait_line(exporter, "hold")
-    r = cli.run("init", "ipcimport", str(handle), "meminfo", "free", "0", "meminfo", env=ENV)
-    stop(exporter)
+    exporter = cli.popen("init", "alloc", size, "ipcexport", "0", str(handle), "hold", env=env)
+    try:
+        wait_line(exporter, "hold")
+        yield handle
+    finally:
+        stop(exporter)
+
+
+def test_import_within_the_container_is_not_charged_twice(cli):
+    with exported(cli, "3g") as handle:
+        r = cli.run("init", "ipcimport", str(handle), "meminfo", "free", "0", "meminfo", env=ENV)
     assert r.codes("ipcimport") == [CUDA_SUCCESS]  # 3 + 3 GiB under 4 GiB: refused when counted twice
     assert r.op(2) == ["meminfo", "0", str(1 * GIB), str(4 * GIB)]
     assert r.codes("free") == [CUDA_SUCCESS]  # cuIpcCloseMemHandle
@@ -52,7 +62,9 @@ def test_exporter_frees_while_imported_then_importer_closes(cli):
     handle, go_free, go_close = cli.tmp / "h", cli.tmp / "free", cli.tmp / "close"
     exporter = cli.popen("init", "alloc", "3g", "ipcexport", "0", str(handle), "waitfile", str(go_free),
                          "free", "0", "hold", env=ENV)  # fmt: skip
-    importer = cli.popen("init", "ipcimport", str(handle), "waitfile", str(go_close), "free", "0", "hold", env=ENV)
+    importer = cli.popen(
+        "init", "ipcimport", str(handle), "waitfile", str(go_close), "free", "0", "hold", env=ENV
+    )
     try:
         assert wait_line(importer, "ipcimport").split()[1] == str(CUDA_SUCCESS)
         assert usage(cli.cache) == 3 * GIB
@@ -71,12 +83,9 @@ def test_exporter_frees_while_imported_then_importer_closes(cli):
 
 
 def test_import_from_another_container_is_charged_to_the_importer(cli):
-    handle = cli.tmp / "h"
     other = {**ENV, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cli.tmp / "other.cache")}
-    exporter = cli.popen("init", "alloc", "3g", "ipcexport", "0", str(handle), "hold", env=other)
-    wait_line(exporter, "hold")
-    r = cli.run("init", "ipcimport", str(handle), "meminfo", "alloc", "2g", env=ENV)
-    stop(exporter)
+    with exported(cli, "3g", other) as handle:
+        r = cli.run("init", "ipcimport", str(handle), "meminfo", "alloc", "2g", env=ENV)
     assert r.codes("ipcimport") == [CUDA_SUCCESS]
     assert r.op(2) == ["meminfo", "0", str(1 * GIB), str(4 * GIB)]
     assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
@@ -103,10 +112,7 @@ def test_killed_exporter_leaves_the_charge_with_the_importer(cli):
 
 
 def test_garbage_in_the_table_charges_the_import(cli):
-    handle = cli.tmp / "h"
-    exporter = cli.popen("init", "alloc", "1g", "ipcexport", "0", str(handle), "hold", env=ENV)
-    try:
-        wait_line(exporter, "hold")
+    with exported(cli, "1g") as handle:
         table = Path(str(cli.cache) + ".ipc")
         size = table.stat().st_size
         assert size > 0
@@ -116,16 +122,11 @@ def test_garbage_in_the_table_charges_the_import(cli):
         assert r.codes("ipcimport") == [CUDA_SUCCESS]
         assert r.op(2) == ["meminfo", "0", str(2 * GIB), str(4 * GIB)]  # charged as a foreign import
         assert r.op(4) == ["meminfo", "0", str(3 * GIB), str(4 * GIB)]
-    finally:
-        stop(exporter)
 
 
 def test_entry_out_of_range_charges_the_import(cli):
     # a sane header, but the entry's charger names no holder and its size is absurd
-    handle = cli.tmp / "h"
-    exporter = cli.popen("init", "alloc", "1g", "ipcexport", "0", str(handle), "hold", env=ENV)
-    try:
-        wait_line(exporter, "hold")
+    with exported(cli, "1g") as handle:
         table = Path(str(cli.cache) + ".ipc")
         raw = bytearray(table.read_bytes())
         assert struct.unpack_from("<I", raw, 0)[0] == 0x43504956
@@ -137,35 +138,25 @@ def test_entry_out_of_range_charges_the_import(cli):
         r = cli.run("init", "ipcimport", str(handle), "meminfo", env=ENV)
         assert r.codes("ipcimport") == [CUDA_SUCCESS]
         assert r.op(2) == ["meminfo", "0", str(2 * GIB), str(4 * GIB)]
-    finally:
-        stop(exporter)
 
 
 def test_table_locked_by_another_process_does_not_block_the_import(cli):
     # a process of the container that holds the table's lock forever: the import gives up waiting
     # (bounded) and is charged as a foreign one
-    handle = cli.tmp / "h"
-    exporter = cli.popen("init", "alloc", "1g", "ipcexport", "0", str(handle), "hold", env=ENV)
-    try:
-        wait_line(exporter, "hold")
+    with exported(cli, "1g") as handle:
         with open(str(cli.cache) + ".ipc", "r+b") as f:
             fcntl.lockf(f, fcntl.LOCK_EX)
             r = cli.run("init", "ipcimport", str(handle), "meminfo", env=ENV, timeout=30)
         assert r.codes("ipcimport") == [CUDA_SUCCESS]
         assert r.op(2) == ["meminfo", "0", str(2 * GIB), str(4 * GIB)]
-    finally:
-        stop(exporter)
 
 
 def test_table_file_that_is_a_symlink_is_not_followed(cli):
     target = cli.tmp / "elsewhere"
     target.write_bytes(b"")
     Path(str(cli.cache) + ".ipc").symlink_to(target)
-    handle = cli.tmp / "h"
-    exporter = cli.popen("init", "alloc", "3g", "ipcexport", "0", str(handle), "hold", env=ENV)
-    wait_line(exporter, "hold")
-    r = cli.run("init", "ipcimport", str(handle), env=ENV)
-    stop(exporter)
+    with exported(cli, "3g") as handle:
+        r = cli.run("init", "ipcimport", str(handle), env=ENV)
     assert target.stat().st_size == 0
     assert r.codes("ipcimport") == [CUDA_ERROR_OUT_OF_MEMORY]  # no table: charged as foreign
 
