@@ -226,6 +226,8 @@ void vgpu_slot_charge(int slot, int rdev, uint64_t bytes) {
     atomic_fetch_add(&s->data[rdev], bytes);
 }
 
+void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
+
 int vgpu_reap_dead(int force) {
     vgpu_region_t *r = vgpu_region;
     if (!r) return 0;
@@ -241,6 +243,9 @@ int vgpu_reap_dead(int force) {
         if (!slot_dead(s, pid)) continue;
         if (!atomic_compare_exchange_strong(&s->pid, &pid, -1)) continue;
         if (release_hook) release_hook((int)i, pid, s->start_time);
+        uint64_t slice = atomic_exchange(&s->slice_open_ns, 0); /* killed inside a compute slice */
+        int32_t srdev = atomic_load(&s->slice_rdev);
+        if (slice && vgpu_dead_slice_hook && srdev >= 0 && srdev < VGPU_MAX_DEVICES) vgpu_dead_slice_hook(srdev, slice);
         for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
             atomic_store(&s->used[d], 0);
             atomic_store(&s->data[d], 0);

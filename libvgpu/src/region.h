@@ -14,6 +14,8 @@ int vgpu_region_ensure(void);          /* 0 ok (shared or private fallback) */
  * path it mapped it by; a random value for a private region. The card region's tenant key. */
 uint64_t vgpu_region_key(void);
 int vgpu_my_slot(void);                /* claims one on first use; -1 on failure */
+/* Called by the reaper for a dead process's open compute slice (set by smlimit.c; may be NULL). */
+extern void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
 int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
 int vgpu_device_find(const char *uuid);
 /* The limit this process enforces on region device `rdev`, bytes: the region's (the container's),

@@ -718,6 +718,24 @@ EXPORT CUresult cuCtxSynchronize(void) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { COUNT(); NEED_INIT(); return cuCtxSynchronize(); }
+/* ---- compute limiter's idle watcher (smqueue.c): stream queries, capture mode ----
+ * cuStreamQuery answers for all of this process's work on its cards (the fake has one queue per
+ * process, whatever the stream). */
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    COUNT(); NEED_INIT();
+    for (int p = 0; p < FAKE_MAX_DEV; p++) {
+        if (!my_finish[p]) continue;
+        fake_engine_t *e = &fake_phys()->engine[p];
+        engine_lock(e);
+        advance(e, now_ns());
+        int busy = e->vt < my_finish[p];
+        engine_unlock(e);
+        if (busy) return CUDA_ERROR_NOT_READY;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) { COUNT(); *m = CU_STREAM_CAPTURE_MODE_GLOBAL; return CUDA_SUCCESS; }
+/* ---- end of the idle watcher's section ---- */
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
 EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
@@ -778,6 +796,7 @@ static const proc_t procs[] = {
     P(cuDeviceGraphMemTrim, 11040), P(cuGetProcAddress, 11030), P(cuGetProcAddress_v2, 12000),
     P(cuCtxCreate, 2000), P(cuCtxCreate_v2, 3020), P(cuCtxCreate_v3, 11040), P(cuCtxCreate_v4, 12050),
     P(cuCtxDestroy, 2000), P(cuCtxDestroy_v2, 4000), P(cuCtxGetCurrent, 2000),
+    P(cuStreamQuery, 2000), P(cuThreadExchangeStreamCaptureMode, 10010), P(cuStreamDestroy_v2, 4000), /* idle watcher */
     P(cuModuleLoad, 2000), P(cuModuleLoadData, 2000), P(cuModuleLoadDataEx, 2010), P(cuModuleLoadFatBinary, 2000),
     P(cuModuleUnload, 2000), P(cuLibraryLoadData, 12000), P(cuLibraryLoadFromFile, 12000), P(cuLibraryUnload, 12000),
     P(cuModuleGetFunction, 2000), P(cuLibraryGetKernel, 12000), P(cuLibraryGetModule, 12000), P(cuKernelGetFunction, 12000),

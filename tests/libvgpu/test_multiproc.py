@@ -140,7 +140,7 @@ def test_region_layout_for_the_monitor(cli):
     region = read_region(cli.cache)
     holder.kill()
     holder.wait()
-    assert (region.magic, region.major, region.minor) == (0x55504756, 2, 1)
+    assert (region.magic, region.major, region.minor) == (0x55504756, 2, 2)
     assert region.priority == 0
     assert region.device_count == 1
     dev = region.devices[0]
