@@ -9,7 +9,9 @@
  *
  * Concurrency model (why there is no mutex here): memory accounting is lock-free.
  * Each process owns one slot and only ever adds to / subtracts from its own counters
- * with atomic read-modify-write; a reservation adds first and then sums all slots, and
+ * with atomic read-modify-write (one exception: the charge of an allocation shared by IPC
+ * inside the container is added to a remaining holder's slot when its charger lets go, before
+ * the charger gives its own back); a reservation adds first and then sums all slots, and
  * backs out when the sum passes the limit (so two racers can never both pass). A process
  * killed with SIGKILL therefore never leaves a lock held: its slot is simply reaped (pid
  * no longer alive) by any other process. Slot and device registration take an

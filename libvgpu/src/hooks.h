@@ -48,7 +48,7 @@
     X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim) \
     X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) \
     X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecDestroy) X(cuCtxSetLimit) \
-    X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemPoolImportPointer)
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemPoolImportPointer)
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \

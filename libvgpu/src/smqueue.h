@@ -3,6 +3,7 @@
 #ifndef VGPU_SMQUEUE_H
 #define VGPU_SMQUEUE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* When the application last launched (any device), CLOCK_MONOTONIC ns. */
@@ -14,8 +15,8 @@ extern _Atomic uint32_t vgpu_launches_started, vgpu_launches_done;
 /* A snapshot of both counters, taken before a synchronisation or query; `self` leaves out one
  * launch of the calling thread in flight (the limiter's own drain, inside a launch). */
 static inline uint64_t vgpu_launch_token(int self) {
-    uint32_t s = __atomic_load_n(&vgpu_launches_started, __ATOMIC_SEQ_CST) - (self ? 1u : 0u);
-    uint32_t d = __atomic_load_n(&vgpu_launches_done, __ATOMIC_SEQ_CST);
+    uint32_t s = atomic_load(&vgpu_launches_started) - (self ? 1u : 0u);
+    uint32_t d = atomic_load(&vgpu_launches_done);
     return (uint64_t)s << 32 | d;
 }
 /* When this process's work was last known drained (a synchronisation that covered all of it,
