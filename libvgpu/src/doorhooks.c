@@ -120,12 +120,15 @@ static void *own_dlvsym(void *handle, const char *name, const char *version) {
 }
 
 /* The C library's own lookup functions are doors too: dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"),
- * dlsym of a second libc loaded with dlmopen, or glibc's private __libc_dlsym (before 2.34) hand
- * out a dlsym that finds libcuda's functions and never passes through ours. A lookup of one of
- * them that lands outside this library gets ours instead (same signatures). */
+ * dlsym of a second libc loaded with dlmopen, or glibc's private __libc_dlsym / _dl_sym (older
+ * glibc exports them as GLIBC_PRIVATE) hand out a lookup that finds libcuda's functions and never
+ * passes through ours. A lookup of one of them that lands outside this library gets ours instead:
+ * same leading parameters (_dl_sym's and _dl_vsym's trailing caller address is not needed, ours
+ * takes its own). */
 static void *own_lookup_fn(const char *name) {
-    if (!strcmp(name, "dlsym") || !strcmp(name, "__libc_dlsym")) return (void *)own_dlsym;
-    if (!strcmp(name, "dlvsym") || !strcmp(name, "__libc_dlvsym")) return (void *)own_dlvsym;
+    if (!strcmp(name, "dlsym") || !strcmp(name, "__libc_dlsym") || !strcmp(name, "_dl_sym")) return (void *)own_dlsym;
+    if (!strcmp(name, "dlvsym") || !strcmp(name, "__libc_dlvsym") || !strcmp(name, "_dl_vsym"))
+        return (void *)own_dlvsym;
     return NULL;
 }
 
