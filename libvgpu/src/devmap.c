@@ -24,8 +24,22 @@ typedef CUresult (*devget_t)(CUdevice *, int);
 typedef CUresult (*uuid_fn_t)(CUuuid *, CUdevice);
 typedef void *nvmlDevice_t_;
 
-/* The container device index ("i" of CUDA_DEVICE_MEMORY_LIMIT_<i>) of CUDA ordinal `cudev`. */
+/* Index for a card the config file does not list: no CUDA_DEVICE_MEMORY_LIMIT_<i> names it, so its
+ * limit is 0 (fail closed). */
+#define UNLISTED_INDEX 99
+
+/* The container device index ("i" of CUDA_DEVICE_MEMORY_LIMIT_<i>) of CUDA ordinal `cudev`: the
+ * config file's LIBVGPU_DEVICE_UUID_<i> for its UUID where the file lists the cards (the tenant's
+ * CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER, and the node's PCI order, cannot shift it); else from
+ * CUDA_VISIBLE_DEVICES and NVML. */
 static int phys_index(int cudev, const char *uuid) {
+    int listed = vgpu_config_index_of_uuid(uuid);
+    if (listed >= 0) return listed;
+    if (listed == -1) {
+        VLOG(VLOG_ERROR, "CUDA device %d (%s) is not one of the container's cards in config file %s; its "
+             "memory limit is 0 (fail closed)", cudev, uuid, vgpu_config_path());
+        return UNLISTED_INDEX;
+    }
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES"); /* the driver reads the environment alone */
     if (!cvd || !*cvd) return cudev;
     char buf[1024];

@@ -319,6 +319,8 @@ int vgpu_my_slot(void) {
     return my_slot;
 }
 
+int vgpu_device_resolved(int rdev) { return rdev >= 0 && rdev < VGPU_MAX_DEVICES && atomic_load(&my_phys[rdev]) > 0; }
+
 uint64_t vgpu_device_limit(int rdev) {
     if (VGPU_UNLIKELY(region_closed)) return 0;
     vgpu_device_t *d = &vgpu_region->devices[rdev];

@@ -18,6 +18,8 @@ int vgpu_my_slot(void);                /* claims one on first use; -1 on failure
 extern void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
 int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
 int vgpu_device_find(const char *uuid);
+/* 1 when this process has resolved the container index of region device `rdev` (registered it). */
+int vgpu_device_resolved(int rdev);
 /* From now on every device memory limit of this process is 0 (one error line naming `why`): the
  * region the config file names cannot account for a device. */
 void vgpu_region_fail_closed(const char *why);

@@ -249,3 +249,35 @@ def test_a_rewritten_device_index_does_not_pick_a_larger_limit(cli):
         f.write(struct.pack("<QII", 2**64 - 1, 100, 1))  # limit: none; sm; phys_index: the 1 GiB card's
     r = cli.run("init", "alloc", "100m", "alloc", "64m", env={"FAKE_GPU_MIB": "1024"})
     assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+
+
+class TestCardsByUuid:
+    """Where the config file lists the container's cards (LIBVGPU_DEVICE_UUID_<i>), a card's limit is
+    found by its UUID: not by a CUDA ordinal that CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER or the
+    node's PCI order shift away from the device plugin's index."""
+
+    CARD0, CARD1 = "GPU-face0000-0000-0000-0000-000000000000", "GPU-face0001-0000-0000-0000-000000000000"
+    # the plugin's index 0 is the node's second card: a different order than the driver's
+    FILE = f"CUDA_DEVICE_MEMORY_LIMIT_1=64m\nLIBVGPU_DEVICE_UUID_0={CARD1}\nLIBVGPU_DEVICE_UUID_1={CARD0}\n"
+
+    def _install(self, cli):
+        cli.install(cli.tmp / "vgpu", config(cli.cache, limit="32m", extra=self.FILE))
+
+    @pytest.mark.parametrize("visible", [None, "1", "1,0", "GPU-face0001"])
+    def test_each_card_gets_its_own_limit_whatever_the_ordinals(self, cli, visible):
+        self._install(cli)
+        env = {"FAKE_GPU_COUNT": "2"} | ({"CUDA_VISIBLE_DEVICES": visible} if visible else {})
+        r = cli.run("init", "meminfo", "nvmlmem", "0", "nvmlmem", "1", env=env)
+        ordinal0_is_card1 = visible is not None  # every remap above puts CARD1 first
+        total = {"meminfo": r.op(1)[3], "nvml0": r.op(2)[2], "nvml1": r.op(3)[2]}
+        assert total == {
+            "meminfo": str((32 if ordinal0_is_card1 else 64) * MIB),  # CUDA ordinal 0
+            "nvml0": str(64 * MIB),  # NVML index 0 is CARD0: the plugin's index 1
+            "nvml1": str(32 * MIB),  # NVML index 1 is CARD1: the plugin's index 0
+        }
+
+    def test_a_card_the_file_does_not_list_gets_no_memory(self, cli):
+        cli.install(cli.tmp / "vgpu", config(cli.cache, extra=f"LIBVGPU_DEVICE_UUID_0={self.CARD1}\n"))
+        r = cli.run("init", "alloc", "1", env={"FAKE_GPU_COUNT": "2"})
+        assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
+        assert "is not one of the container's cards" in r.stderr
