@@ -164,6 +164,11 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         self.quota = QuotaState(self.vendors)
         #: The workload learned from the pods seen (memory only), for the `fragmentation` policies.
         self.fragmentation = fragmentation.FragmentationModel()
+        #: Whether pods are counted into `fragmentation`: from the start when a configured default policy
+        #: is `fragmentation`, else from the first pod whose own policy is (`filter`). Parsing every
+        #: listed pod's requests for a workload that no policy reads was half of a fleet-size rebuild.
+        sched = self.config.scheduler
+        self.learning = _configured_fragmentation(sched.nodeSchedulerPolicy, sched.gpuSchedulerPolicy)
         self._lock = threading.RLock()
         self._node_keys = (
             *dict.fromkeys(k for v in self.vendors.values() for k in v.node_annotation_keys),
@@ -421,7 +426,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                 if labels != old.labels:
                     old.labels = dict(labels)
                 return
-            if old is None:
+            if old is None and self.learning:
                 self._learn(pod, uid)
             self._drop_record(uid)
             rec = _Pod.of(pod, node, grants, False, fragmentation.pod_cpu_milli(pod))
@@ -502,7 +507,11 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
     # filter
 
     def _learn(self, pod: Mapping[str, Any], uid: str) -> None:
-        """Count a live pod the filter did not see (a restart relearns the workload from the live pods)."""
+        """Count a live pod the filter did not see (a restart relearns the workload from the live pods).
+
+        Incremental: a pod already counted (a relist lists every live pod again) is not parsed again."""
+        if self.fragmentation.seen(uid):
+            return
         try:
             containers = self.pod_requests(pod)
             annos = objects.annotations(pod)
@@ -564,9 +573,14 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         )
         cpu = fragmentation.pod_cpu_milli(pod)
         with self._lock, _gc_paused():
-            shapes = fragmentation.pod_shapes(containers, selections, cpu)
+            if policy.uses_fragmentation:
+                self.learning = True
             model = self.fragmentation
-            model.observe((s for ss in shapes.values() for s in ss), uid)
+            if self.learning:
+                shapes = fragmentation.pod_shapes(containers, selections, cpu)
+                model.observe((s for ss in shapes.values() for s in ss), uid)
+            else:
+                shapes = {}
             if policy.uses_fragmentation:
                 policy = replace(policy, fragmentation=model)
             out = FilterOutcome(warnings=policy.warnings, policy=policy)
@@ -754,3 +768,10 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                 if own is not None:
                     self._add_record(own)
         return out, [n for n in dict.fromkeys(node_names) if n in fits]
+
+
+def _configured_fragmentation(node_policy: str, card_policy: str) -> bool:
+    """Whether the configured default policies (node; card chain) name `fragmentation`."""
+    return node_policy.strip().lower() == NodePolicy.FRAGMENTATION.value or any(
+        p.strip().lower() == NodePolicy.FRAGMENTATION.value for p in card_policy.split(",")
+    )
