@@ -58,6 +58,8 @@ from hami.simulate.openb import load_nodes, load_pods  # noqa: E402
 from kubefakes.apiserver import FakeApiServer  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
+if not DATA.exists() and Path("/work/shared/data/alibaba-gpu-v2023").exists():
+    DATA = Path("/work/shared/data/alibaba-gpu-v2023")  # a worktree beside the checkout
 
 
 def cpu_seconds(pid: int) -> float:
@@ -129,7 +131,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_extender(kubeconfig: str, port: int, profile: str | None, extra: list[str]) -> subprocess.Popen:
+def start_extender(
+    kubeconfig: str, port: int, profile: str | None, extra: list[str], root: Path = ROOT
+) -> subprocess.Popen:
+    """The extender of the checkout at `root` (another checkout's code under this load driver: A/B runs)."""
     cmd = [sys.executable]
     if profile:
         # yappi (pip install yappi) sees every thread; cProfile would only see the idle event loop.
@@ -144,7 +149,8 @@ def start_extender(kubeconfig: str, port: int, profile: str | None, extra: list[
         cmd += ["-m", "scheduler_extender"]
     cmd += [ "--kubeconfig", kubeconfig, "--address", "127.0.0.1", "--port", str(port),
             "--register-interval", "0", "--log-level", "WARNING", *extra]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.Popen(cmd, cwd=root, env=env)
 
 
 class Driver:
@@ -410,7 +416,9 @@ async def main_async(args: argparse.Namespace) -> None:
         gc.freeze()
         gc.set_threshold(100_000, 50, 100)
     port = free_port()
-    proc = start_extender(str(api.kubeconfig_path), port, args.profile, args.extender_args.split())
+    root = Path(args.extender_root).resolve() if args.extender_root else ROOT
+    proc = start_extender(str(api.kubeconfig_path), port, args.profile, args.extender_args.split(), root)
+    print(f"extender code: {root}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
@@ -472,6 +480,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 fo = await driver.filter_only(extra)
                 print(f"filter only (no concurrent binds), {len(fo)} sequential filters, ms: p50 {pct(fo, 50):.2f}  "
                       f"p90 {pct(fo, 90):.2f}  p99 {pct(fo, 99):.2f}  max {max(fo):.2f}")  # fmt: skip
+        print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -496,6 +505,8 @@ def main() -> None:
     p.add_argument("--driver-gc-freeze", action="store_true",
                    help="freeze and thin out garbage collection in this process (load driver + API server)")  # fmt: skip
     p.add_argument("--extender-args", default="", help="extra extender flags, e.g. '--events failures'")
+    p.add_argument("--extender-root", help="run the extender of this checkout (default: this one), "
+                   "for side-by-side runs of two versions under the same load driver")
     p.add_argument("--profile", help="profile every extender thread with yappi (CPU clock), pstat file")
     p.add_argument("--breakdown", action="store_true", help="only measure the CPU cost of each part, alone")
     args = p.parse_args()

@@ -87,6 +87,20 @@ def make_pod(i: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
+def memory() -> str:
+    """This process's resident memory now and at its peak (Linux ``/proc/self/status``), in MiB."""
+    fields = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(value.split()[0]) / 1024
+    except OSError:
+        return "memory: not available on this system"
+    return f"memory: resident {fields.get('VmRSS', 0):.0f} MiB, peak {fields.get('VmHWM', 0):.0f} MiB"
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] * 1000
@@ -162,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cluster: {a.nodes} nodes x {a.cards} cards = {a.nodes * a.cards} GPUs ({time.perf_counter() - t0:.1f} s to build)"
     )
+    print(f"  {memory()}")
 
     # Fill: filter against a random window of candidates (cheap), then write the decision onto the pod
     # as the extender's patch does, so the rebuild below reads real annotations.
@@ -185,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         f"filled: {len(placed_pods)} pods, {100 * booked / total:.1f} % of card memory booked "
         f"({time.perf_counter() - t0:.1f} s)"
     )
+    print(f"  {memory()} (the Node and Pod objects and the state)")
 
     if a.gc_freeze:
         gc.collect()
@@ -235,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"rebuild: {a.nodes} nodes + {len(placed_pods)} pods in {rebuild_s:.2f} s wall, {rebuild_cpu:.2f} s CPU; equal to the incremental state: {same}"
     )
+    print(f"  {memory()} (a second state beside the first)")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     p99 = pct(results["all nodes"][0], 99)

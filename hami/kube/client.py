@@ -5,7 +5,7 @@ same retry policy and the same error mapping, and the client library has sharp e
 handled once:
 
 * Objects are plain dicts in the API's JSON form, never the generated model classes: every call uses
-  ``_preload_content=False`` and ``json.loads`` (much faster for thousands of pods, and it avoids the
+  ``_preload_content=False`` and orjson (much faster for thousands of pods, and it avoids the
   client's known failure to deserialise the ``Status`` a successful Binding returns as a ``V1Binding``,
   kubernetes-client/python#547).
 * get / create / patch / Binding (the calls a scheduler makes per pod) go straight to the client's
@@ -15,21 +15,23 @@ handled once:
 * Retries and error mapping are `hami.kube.retry`'s (429/5xx/transport retried, 409 only without a
   precondition; 404 -> `NotFound`, which getters turn into None).
 
-Methods are synchronous and thread-safe; asyncio servers call them through ``asyncio.to_thread``.
-The module is a little over 600 lines on purpose: the generic verbs and the typed wrappers that the
-servers call (``get_node``, ``patch_pod_metadata``, ``bind_pod``, leases) are one class, and splitting
-the class across files would make a reader search for which file holds which verb.
+Methods are synchronous and thread-safe. The hot calls also come as coroutines for asyncio servers
+(``aget``, ``apatch``, ``acreate``, ``apatch_pod_metadata``, ``apatch_node_annotations``, ``abind_pod``,
+``acreate_event``): the same requests, built by the same code here, sent from the event loop by
+`hami.kube.aio.AsyncTransport` (no worker thread per call). Bodies are encoded and answers decoded
+with orjson.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
+import orjson
 import urllib3
 import yaml
 from kubernetes import client as k8s
@@ -37,7 +39,8 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from hami.errors import ApiError, Conflict, InvalidRequest, NotFound
-from hami.kube.events import EventLog, record_event
+from hami.kube.aio import AsyncTransport
+from hami.kube.events import EventLog, arecord_event, record_event
 from hami.kube.resources import RESOURCES, Res, meta_of, ref
 from hami.kube.resources import resource as resource_of
 from hami.kube.retry import (
@@ -68,15 +71,30 @@ class _RateLimiter:
         self._last = time.monotonic()
         self._lock = threading.Lock()
 
-    def acquire(self) -> None:
+    def reserve(self) -> float:
+        """Take one token; the seconds to wait before using it (0 when one was saved up)."""
         with self._lock:
             now = time.monotonic()
             self._tokens = min(self.burst, self._tokens + (now - self._last) * self.qps)
             self._last = now
             self._tokens -= 1
-            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
+            return -self._tokens / self.qps if self._tokens < 0 else 0.0
+
+    def acquire(self) -> None:
+        wait = self.reserve()
         if wait > 0:
             time.sleep(wait)
+
+
+class _Req(NamedTuple):
+    """One hot-path request as `KubeClient` builds it, for either transport."""
+
+    what: str
+    method: str
+    path: str
+    body: Any = None
+    content_type: str = "application/json"
+    retry_conflict: bool = False
 
 
 class KubeClient:
@@ -119,6 +137,11 @@ class KubeClient:
         self._host = api_client.configuration.host.rstrip("/")
         self._timeout = urllib3.Timeout(connect=timeout_s, read=timeout_s)
         self._auth_cache: tuple[float, dict[str, str]] | None = None
+        cfg = api_client.configuration
+        #: Whether the coroutine calls run on the event loop (aiohttp); False with a proxy configured,
+        #: which aiohttp does not follow as urllib3 does: they then run the synchronous call in a thread.
+        self.async_native = not getattr(cfg, "proxy", None)
+        self._aio = AsyncTransport(self) if self.async_native else None
 
     # -- construction ------------------------------------------------------------------------------
 
@@ -161,11 +184,17 @@ class KubeClient:
         return cls.from_kubeconfig(None, **options)
 
     def close(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (the event loop's session: `aclose`)."""
         try:
             self.api_client.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
+
+    async def aclose(self) -> None:
+        """Close the aiohttp session of the running loop, then the synchronous pool."""
+        if self._aio is not None:
+            await self._aio.close()
+        self.close()
 
     # -- low level ---------------------------------------------------------------------------------
 
@@ -202,9 +231,24 @@ class KubeClient:
                 data = resp.data
             finally:
                 resp.release_conn()
-            return json.loads(data) if data else None
+            return orjson.loads(data) if data else None
 
         return self._retrying(attempt)
+
+    def _send(self, req: _Req) -> Any:
+        return self._request(
+            req.what, req.method, req.path, req.body, content_type=req.content_type,
+            retry_conflict=req.retry_conflict,
+        )  # fmt: skip
+
+    async def _asend(self, req: _Req) -> Any:
+        """`_send` from the event loop: the aiohttp transport, or the synchronous call in a thread."""
+        if self._aio is None:
+            return await asyncio.to_thread(self._send, req)
+        return await self._aio.request(
+            req.what, req.method, req.path, req.body, content_type=req.content_type,
+            retry_conflict=req.retry_conflict,
+        )  # fmt: skip
 
     def _request(
         self, what: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
@@ -218,7 +262,7 @@ class KubeClient:
         `path` starts with ``/api`` or ``/apis``; returns the parsed JSON body (or None).
         """
         api = self.api_client
-        raw = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        raw = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
 
         def attempt() -> Any:
             if self._limiter is not None:
@@ -245,7 +289,7 @@ class KubeClient:
                 )
                 exc.headers = resp.headers
                 raise classify(exc, what, retry_conflict)
-            return json.loads(data) if data else None
+            return orjson.loads(data) if data else None
 
         return self._retrying(attempt)
 
@@ -283,13 +327,21 @@ class KubeClient:
 
     # -- generic operations ------------------------------------------------------------------------
 
+    def _get_req(self, resource: str, name: str, namespace: str | None) -> _Req:
+        res = resource_of(resource)
+        return _Req(f"get {resource} {ref(namespace, name, res)}", "GET", self._path(res, name, namespace))
+
     def get(self, resource: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
         """GET one object; None when it does not exist (HTTP 404)."""
-        res = resource_of(resource)
         try:
-            return self._request(
-                f"get {resource} {ref(namespace, name, res)}", "GET", self._path(res, name, namespace)
-            )
+            return self._send(self._get_req(resource, name, namespace))
+        except NotFound:
+            return None
+
+    async def aget(self, resource: str, name: str, *, namespace: str | None = None) -> dict[str, Any] | None:
+        """`get` as a coroutine on the running loop."""
+        try:
+            return await self._asend(self._get_req(resource, name, namespace))
         except NotFound:
             return None
 
@@ -338,15 +390,24 @@ class KubeClient:
         )
         return items
 
-    def create(
-        self, resource: str, obj: Mapping[str, Any], *, namespace: str | None = None
-    ) -> dict[str, Any]:
-        """POST a new object; raises Conflict when it already exists, InvalidRequest when invalid."""
+    def _create_req(self, resource: str, obj: Mapping[str, Any], namespace: str | None) -> _Req:
         res = resource_of(resource)
         body = {"apiVersion": res.api_version, "kind": res.kind, **obj}
         ns = namespace or meta_of(obj).get("namespace") or "default"
         what = f"create {resource} {ref(ns, meta_of(obj).get('name') or meta_of(obj).get('generateName', ''), res)}"
-        return self._request(what, "POST", self._path(res, namespace=ns), body)
+        return _Req(what, "POST", self._path(res, namespace=ns), body)
+
+    def create(
+        self, resource: str, obj: Mapping[str, Any], *, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """POST a new object; raises Conflict when it already exists, InvalidRequest when invalid."""
+        return self._send(self._create_req(resource, obj, namespace))
+
+    async def acreate(
+        self, resource: str, obj: Mapping[str, Any], *, namespace: str | None = None
+    ) -> dict[str, Any]:
+        """`create` as a coroutine on the running loop."""
+        return await self._asend(self._create_req(resource, obj, namespace))
 
     def patch(
         self,
@@ -365,6 +426,30 @@ class KubeClient:
         it is the caller's precondition and raises Conflict) or is a JSON patch (its ``test`` ops are).
         Raises NotFound, InvalidRequest, ApiError.
         """
+        return self._send(
+            self._patch_req(resource, name, patch, namespace, patch_type, subresource, retry_conflict)
+        )
+
+    async def apatch(
+        self,
+        resource: str,
+        name: str,
+        patch: Any,
+        *,
+        namespace: str | None = None,
+        patch_type: str = "merge",
+        subresource: str | None = None,
+        retry_conflict: bool | None = None,
+    ) -> dict[str, Any]:
+        """`patch` as a coroutine on the running loop."""
+        return await self._asend(
+            self._patch_req(resource, name, patch, namespace, patch_type, subresource, retry_conflict)
+        )
+
+    def _patch_req(
+        self, resource: str, name: str, patch: Any, namespace: str | None, patch_type: str,
+        subresource: str | None, retry_conflict: bool | None,
+    ) -> _Req:  # fmt: skip
         res = resource_of(resource)
         try:
             content_type = _PATCH_TYPES[patch_type]
@@ -375,10 +460,9 @@ class KubeClient:
             has_rv = bool(meta.get("resourceVersion") or meta.get("uid"))
             retry_conflict = patch_type != "json" and not has_rv
         what = f"patch {resource}{'/' + subresource if subresource else ''} {ref(namespace, name, res)}"
-        return self._request(
-            what, "PATCH", self._path(res, name, namespace, subresource or ""), patch,
-            content_type=content_type, retry_conflict=retry_conflict,
-        )  # fmt: skip
+        return _Req(
+            what, "PATCH", self._path(res, name, namespace, subresource or ""), patch, content_type, retry_conflict
+        )
 
     def replace(
         self, resource: str, obj: Mapping[str, Any], *, subresource: str | None = None
@@ -478,10 +562,13 @@ class KubeClient:
         With `resource_version` the patch applies only to that version of the node: a newer one raises
         Conflict (no retry; the caller re-reads). Raises NotFound when the node is gone.
         """
-        meta: dict[str, Any] = {"annotations": dict(annotations)}
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        return self.patch("nodes", name, {"metadata": meta})
+        return self.patch("nodes", name, _node_annotations_patch(annotations, resource_version))
+
+    async def apatch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None], *, resource_version: str | None = None
+    ) -> dict[str, Any]:
+        """`patch_node_annotations` as a coroutine on the running loop."""
+        return await self.apatch("nodes", name, _node_annotations_patch(annotations, resource_version))
 
     def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
         """Merge-patch node labels (None removes a key); returns the patched Node."""
@@ -520,21 +607,23 @@ class KubeClient:
         `resource_version` makes it conditional (Conflict when stale); `uid` makes it apply only to
         that incarnation of the pod (Conflict when the pod was re-created). Raises NotFound.
         """
-        meta: dict[str, Any] = {}
-        if annotations:
-            meta["annotations"] = dict(annotations)
-        if labels:
-            meta["labels"] = dict(labels)
-        if resource_version:
-            meta["resourceVersion"] = resource_version
-        if uid:
-            meta["uid"] = uid
-        return self.patch(
-            "pods",
-            name,
-            {"metadata": meta},
-            namespace=namespace,
-            retry_conflict=not (resource_version or uid),
+        patch = _pod_metadata_patch(annotations, labels, resource_version, uid)
+        return self.patch("pods", name, patch, namespace=namespace, retry_conflict=not (resource_version or uid))
+
+    async def apatch_pod_metadata(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        annotations: Mapping[str, str | None] | None = None,
+        labels: Mapping[str, str | None] | None = None,
+        resource_version: str | None = None,
+        uid: str | None = None,
+    ) -> dict[str, Any]:
+        """`patch_pod_metadata` as a coroutine on the running loop."""
+        patch = _pod_metadata_patch(annotations, labels, resource_version, uid)
+        return await self.apatch(
+            "pods", name, patch, namespace=namespace, retry_conflict=not (resource_version or uid)
         )
 
     def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
@@ -572,6 +661,40 @@ class KubeClient:
         Raises NotFound (pod gone), Conflict (bound elsewhere, being deleted, or a different pod
         `uid`), ApiError.
         """
+        try:
+            # A raw request: the server answers a Status that the generated client cannot deserialise
+            # as V1Binding (kubernetes-client/python#547).
+            self._send(self._binding_req(namespace, name, uid, node, annotations))
+        except Conflict:
+            missing = _bound_already(self.get_pod(namespace, name), node, uid, annotations)
+            if missing is None:
+                raise
+            if missing:
+                self.patch_pod_metadata(namespace, name, annotations=missing, uid=uid)
+
+    async def abind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str | None,
+        node: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """`bind_pod` as a coroutine on the running loop (same idempotence and errors)."""
+        try:
+            await self._asend(self._binding_req(namespace, name, uid, node, annotations))
+        except Conflict:
+            pod = await self.aget("pods", name, namespace=namespace)
+            missing = _bound_already(pod, node, uid, annotations)
+            if missing is None:
+                raise
+            if missing:
+                await self.apatch_pod_metadata(namespace, name, annotations=missing, uid=uid)
+
+    def _binding_req(
+        self, namespace: str, name: str, uid: str | None, node: str, annotations: Mapping[str, str] | None
+    ) -> _Req:
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
@@ -583,25 +706,8 @@ class KubeClient:
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        what = f"bind pod {namespace}/{name} to node {node}"
-        res = RESOURCES["pods"]
-        try:
-            # A raw request: the server answers a Status that the generated client cannot deserialise
-            # as V1Binding (kubernetes-client/python#547).
-            self._request(what, "POST", self._path(res, name, namespace, "binding"), body)
-        except Conflict:
-            pod = self.get_pod(namespace, name)
-            if (
-                pod is not None
-                and (pod.get("spec") or {}).get("nodeName") == node
-                and (not uid or meta_of(pod).get("uid") == uid)
-            ):
-                have = meta_of(pod).get("annotations") or {}
-                missing = {k: v for k, v in (annotations or {}).items() if k not in have}
-                if missing:
-                    self.patch_pod_metadata(namespace, name, annotations=missing, uid=uid)
-                return
-            raise
+        path = self._path(RESOURCES["pods"], name, namespace, "binding")
+        return _Req(f"bind pod {namespace}/{name} to node {node}", "POST", path, body)
 
     # -- events ------------------------------------------------------------------------------------
 
@@ -631,6 +737,25 @@ class KubeClient:
             component=component, host=host, action=action, namespace=namespace,
         )  # fmt: skip
 
+    async def acreate_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        type: str = "Normal",
+        kind: str | None = None,
+        component: str = "hami-scheduler",
+        host: str | None = None,
+        action: str | None = None,
+        namespace: str | None = None,
+    ) -> dict[str, Any] | None:
+        """`create_event` as a coroutine on the running loop (same repeat counting, same log)."""
+        return await arecord_event(
+            self, self._event_log, involved, reason=reason, message=message, type=type, kind=kind,
+            component=component, host=host, action=action, namespace=namespace,
+        )  # fmt: skip
+
     # -- quotas, namespaces ------------------------------------------------------------------------
 
     def list_resource_quotas(self, *, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -650,3 +775,39 @@ class KubeClient:
     def update_lease(self, lease: Mapping[str, Any]) -> dict[str, Any]:
         """PUT a Lease read earlier (its resourceVersion is the precondition); Conflict when stale."""
         return self.replace("leases", lease)
+
+
+def _node_annotations_patch(annotations: Mapping[str, str | None], resource_version: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"annotations": dict(annotations)}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {"metadata": meta}
+
+
+def _pod_metadata_patch(
+    annotations: Mapping[str, str | None] | None,
+    labels: Mapping[str, str | None] | None,
+    resource_version: str | None,
+    uid: str | None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if labels:
+        meta["labels"] = dict(labels)
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    if uid:
+        meta["uid"] = uid
+    return {"metadata": meta}
+
+
+def _bound_already(
+    pod: Mapping[str, Any] | None, node: str, uid: str | None, annotations: Mapping[str, str] | None
+) -> dict[str, str] | None:
+    """After a Binding's 409: None when `pod` is not bound to `node` (the conflict stands), else the
+    `annotations` it still lacks (our earlier try was applied; {} when nothing is missing)."""
+    if pod is None or (pod.get("spec") or {}).get("nodeName") != node or (uid and meta_of(pod).get("uid") != uid):
+        return None
+    have = meta_of(pod).get("annotations") or {}
+    return {k: v for k, v in (annotations or {}).items() if k not in have}
