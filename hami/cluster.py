@@ -181,6 +181,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             dict.fromkeys(k for v in self.vendors.values() for k in v.node_capacity_keys)
         )
         self._label_keys = tuple(dict.fromkeys(k for v in self.vendors.values() for k in v.node_label_keys))
+        # (allocation annotation key, vendor): a vendor reads a pod's devices only from its key, so a pod
+        # event asks only the vendors whose key it carries (one lookup per vendor, not a call).
+        self._allocated_by = tuple((v.allocated_key, v) for v in self.vendors.values())
         # Every node's prefilter verdict per demand; the nodes tell it when they change (`_Node.touch`).
         self._verdicts = VerdictIndex()
         self._nodes: dict[str, _Node] = {}
@@ -388,10 +391,11 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             devices: PodDevices = {}
             kinds = pods.container_kinds(pod)
             try:
-                for v in self.vendors.values():
-                    found = v.pod_devices(annos, len(kinds))
-                    if found is not None:
-                        devices[v.common_word] = found
+                for key, v in self._allocated_by:
+                    if key in annos:
+                        found = v.pod_devices(annos, len(kinds))
+                        if found is not None:
+                            devices[v.common_word] = found
             except AnnotationError as e:
                 if decided is None:
                     log.warning("pod %s: not counted, malformed allocation: %s", objects.ref(pod), e)
