@@ -397,6 +397,25 @@ def breakdown(candidates: int) -> None:
                 for i in range(500):
                     fn(i)
                 print(f"{label:40s} {1000 * (time.process_time() - t0) / 500:.2f} ms client CPU per call")
+            # The same calls as the extender now sends them: coroutines on the event loop (aiohttp).
+            acalls = {
+                "patch node, coroutine": lambda i: client.apatch_node_annotations("n1", {"y": str(i)}),
+                "patch pod, coroutine": lambda i: client.apatch_pod_metadata(
+                    "default", "p", annotations={"x": str(i)}, uid=uid
+                ),
+                "create event, coroutine": lambda i: client.acreate_event(pod, reason="R", message=f"a{i}"),
+            }
+
+            async def run_async() -> None:
+                for label, fn in acalls.items():
+                    await fn(-1)  # the session and its connection open outside the measurement
+                    t0 = time.process_time()
+                    for i in range(500):
+                        await fn(i)
+                    print(f"{label:40s} {1000 * (time.process_time() - t0) / 500:.2f} ms client CPU per call")
+                await client.aclose()
+
+            asyncio.run(run_async())
             client.close()
         finally:
             server.terminate()
@@ -410,6 +429,11 @@ async def main_async(args: argparse.Namespace) -> None:
     pods = trace_pods(args.warmup + args.pods)
     print(f"seeded {len(nodes)} nodes, {sum(1 for _ in nodes)} registered, in {time.perf_counter() - t0:.1f}s; "
           f"{len(pods)} trace pods")  # fmt: skip
+    if args.driver_switch_interval:
+        # This process runs the in-memory API server's thread beside the load driver's loop: each waits
+        # up to the interpreter's switch interval (5 ms) for the other's GIL, which a Go kube-apiserver
+        # and kube-scheduler never do. It changes nothing in the extender.
+        sys.setswitchinterval(args.driver_switch_interval)
     if args.driver_gc_freeze:
         # The in-process API server keeps every pod and a long watch history: a full collection of this
         # process (the load driver + API server, not the extender) stalls every request for ~150 ms.
@@ -504,6 +528,8 @@ def main() -> None:
                    help="offer pods at this steady rate per second instead of a closed scheduling loop")  # fmt: skip
     p.add_argument("--driver-gc-freeze", action="store_true",
                    help="freeze and thin out garbage collection in this process (load driver + API server)")  # fmt: skip
+    p.add_argument("--driver-switch-interval", type=float, default=0.0,
+                   help="sys.setswitchinterval() of this process (API server + load driver), e.g. 0.0005")  # fmt: skip
     p.add_argument("--extender-args", default="", help="extra extender flags, e.g. '--events failures'")
     p.add_argument("--extender-root", help="run the extender of this checkout (default: this one), "
                    "for side-by-side runs of two versions under the same load driver")

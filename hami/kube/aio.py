@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 from kubernetes.client.exceptions import ApiException
+from yarl import URL
 
 from hami.kube.retry import acall_with_retries, classify, transport_error
 
@@ -63,6 +64,8 @@ class AsyncTransport:
         self._pool_size = int(cfg.connection_pool_maxsize or 32)
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Per (auth headers object, content type): the request headers, rebuilt when the token is.
+        self._headers: dict[tuple[int, str | None], tuple[dict[str, str], dict[str, str]]] = {}
 
     def _open(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
@@ -88,7 +91,9 @@ class AsyncTransport:
         `hami.errors` type after the retries."""
         client = self._client
         raw = None if body is None else orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
-        url = client._host + path  # noqa: SLF001 - the owner's resolved host
+        # `path` is quoted already (`KubeClient._path`): no second pass over it.
+        url = URL(client._host + path, encoded=True)  # noqa: SLF001 - the owner's resolved host
+        ctype = content_type if raw is not None else None
 
         async def attempt() -> Any:
             session = self._open()
@@ -97,9 +102,7 @@ class AsyncTransport:
                 wait = limiter.reserve()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            headers = {**client._auth_headers(), "Accept": "application/json"}  # noqa: SLF001
-            if raw is not None:
-                headers["Content-Type"] = content_type
+            headers = self._request_headers(client._auth_headers(), ctype)  # noqa: SLF001
             extra: dict[str, Any] = {}
             if self._server_hostname:
                 extra["server_hostname"] = self._server_hostname
@@ -121,6 +124,19 @@ class AsyncTransport:
             attempt, retries=client.retries, initial_wait_s=client.retry_initial_wait_s,
             max_wait_s=client.retry_max_wait_s,
         )  # fmt: skip
+
+    def _request_headers(self, auth: dict[str, str], content_type: str | None) -> dict[str, str]:
+        key = (id(auth), content_type)
+        hit = self._headers.get(key)
+        if hit is not None and hit[0] is auth:
+            return hit[1]
+        headers = {**auth, "Accept": "application/json"}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        if len(self._headers) > 16:
+            self._headers.clear()  # old tokens' entries
+        self._headers[key] = (auth, headers)
+        return headers
 
     async def close(self) -> None:
         """Close the session of the running loop (a session of another, finished loop is dropped)."""
