@@ -122,7 +122,7 @@ class ExtenderOptions:
     kube_timeout: float = 10.0
     """``--kube-timeout``, seconds per API request (default 10 s)."""
     workers: int = 32
-    """``--workers``: threads for API calls and decisions (default 32)."""
+    """``--workers``: threads for the steps that block, and the API connection pool size (default 32)."""
     events: str = "all"
     """``--events``: pod events ``all`` (HAMi), ``failures`` (Warning only) or ``none``."""
     async_record: bool = False

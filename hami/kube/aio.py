@@ -29,7 +29,7 @@ from yarl import URL
 from hami.kube.retry import acall_with_retries, classify, transport_error
 
 if TYPE_CHECKING:
-    from hami.kube.client import KubeClient
+    from hami.kube.transport import ApiTransport
 
 #: Transport failures of aiohttp worth another try (the request may not have reached the server).
 ASYNC_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, ConnectionError, TimeoutError)
@@ -56,7 +56,7 @@ def ssl_context(cfg: Any) -> ssl.SSLContext | None:
 class AsyncTransport:
     """Sends `KubeClient`'s requests with aiohttp on the running loop (see module docstring)."""
 
-    def __init__(self, client: KubeClient) -> None:
+    def __init__(self, client: ApiTransport) -> None:
         self._client = client
         cfg = client.api_client.configuration
         self._ssl = ssl_context(cfg)
