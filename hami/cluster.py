@@ -14,6 +14,7 @@ filters can never take the same capacity; the lock is never held across I/O (cal
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -601,8 +602,15 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         quotas: Iterable[Mapping[str, Any]] = (),
         *,
         keep_reservations: bool = False,
+        freeze_after: bool = False,
     ) -> None:
         """Replace the whole state by what these objects say (restart, relist, failover).
+
+        With `freeze_after` the rebuilt state is moved out of the garbage collector's sight
+        (``gc.freeze()``) before automatic collection resumes. For processes that freeze their
+        long-lived objects anyway (the extender's ``--gc-freeze-interval``): otherwise the next young
+        collection walks every object the rebuild allocated (about 1 s at 10,000 nodes and 70,000 pods
+        on the development machine), stalling whatever runs then.
 
         With `keep_reservations`, reservations made by `filter` that no pod event has confirmed yet
         survive when the listed pods do not account for them (a relist in the middle of a leadership
@@ -635,6 +643,8 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
             # The listed pods were counted into the learned workload (`_learn`): score with it now
             # rather than with the prior until the next periodic check.
             self.fragmentation.refresh()
+            if freeze_after:
+                gc.freeze()
 
     def refresh_workload(self) -> bool:
         """Score with the learned workload now if it drifted (`FragmentationModel.refresh`), after
