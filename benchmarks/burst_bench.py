@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from hami import annotations as A  # noqa: E402
 from hami.model import Device  # noqa: E402
+from hami.registration import encode_node_devices_json  # noqa: E402
 from kubefakes.apiserver import FakeApiServer  # noqa: E402
 from scheduler_extender.app import Server  # noqa: E402
 from scheduler_extender.cli import parse_args  # noqa: E402
@@ -67,7 +68,7 @@ def node_obj(name: str, slots: int) -> dict:
         "metadata": {
             "name": name,
             "labels": {"kubernetes.io/hostname": name},
-            "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(devices)},
+            "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json(devices)},
         },
         "spec": {},
         "status": {"capacity": res, "allocatable": res, "conditions": [{"type": "Ready", "status": "True"}]},

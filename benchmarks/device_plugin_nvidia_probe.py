@@ -32,6 +32,7 @@ from hami import annotations as ann  # noqa: E402
 from hami.kube import KubeClient  # noqa: E402
 from hami.model import ContainerDevice  # noqa: E402
 from hami.nodelock import lock_node  # noqa: E402
+from hami.registration import decode_node_devices_json  # noqa: E402
 from kubefakes.apiserver import FakeApiServer  # noqa: E402
 from kubefakes.kubelet import FakeKubelet  # noqa: E402
 
@@ -57,7 +58,7 @@ async def probe(args: argparse.Namespace) -> int:
         cmd = [
             sys.executable, "-m", "device_plugin", "--backend", args.backend, "--node-name", NODE,
             "--socket-dir", str(kubelet.socket_dir), "--kubeconfig", api.kubeconfig_path,
-            "--hook-path", str(hook), "--device-config", str(device_config), "--lock-dir", str(tmp / "vgpulock"), "--metrics-port", "-1",
+            "--hook-path", str(hook), "--device-config", str(device_config), "--metrics-port", "-1",
         ]  # fmt: skip
         if args.fake_config:
             cmd += ["--fake-config", args.fake_config]
@@ -83,14 +84,14 @@ async def probe(args: argparse.Namespace) -> int:
             print(f"\n{ann.NVIDIA_REGISTER}: {annos[ann.NVIDIA_REGISTER]}")
             print(f"{ann.NVIDIA_HANDSHAKE}: {annos.get(ann.NVIDIA_HANDSHAKE)}")
             print("decoded:", json.dumps(json.loads(annos[ann.NVIDIA_REGISTER]), indent=2))
-            for d in ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER]):
+            for d in decode_node_devices_json(annos[ann.NVIDIA_REGISTER]):
                 print(f"card {d.index}: uuid={d.uuid} devmem={d.devmem} MiB type={d.type!r} numa={d.numa} "
                       f"health={d.health} count={d.count} devcore={d.devcore}")  # fmt: skip
             health = sorted({d.health for d in ep.devices.values()})
             topo = sorted({tuple(n.ID for n in d.topology.nodes) for d in ep.devices.values()})
             print(f"\nListAndWatch: {len(ep.devices)} virtual devices, health {health}, NUMA topology {topo}")
 
-            card = ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER])[0]
+            card = decode_node_devices_json(annos[ann.NVIDIA_REGISTER])[0]
             entry = [ContainerDevice(uuid=card.uuid, type="NVIDIA", usedmem=args.mem, usedcores=args.cores)]
             value = ann.encode_pod_devices([entry])
             pod = api.store.create(

@@ -43,6 +43,7 @@ from typing import Any
 from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.model import Device
+from hami.registration import encode_node_devices_json
 
 CARD_MIB = 81920
 SHARES = 10
@@ -64,7 +65,7 @@ def make_nodes(n: int, cards: int) -> list[dict[str, Any]]:
             {
                 "metadata": {
                     "name": name,
-                    "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(devs)},
+                    "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json(devs)},
                 },
                 "status": {"allocatable": {"cpu": "128", "memory": "1Ti", "pods": "110"}},
             }

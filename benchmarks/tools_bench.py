@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hami.tools.explain import explain_pod  # noqa: E402
 from hami.tools.inspect import inspect_cluster  # noqa: E402
-from hami.tools.render import Style, render_inspect  # noqa: E402
+from hami.tools.render import render_inspect  # noqa: E402
 from hami.tools.snapshot import Listed, Snapshot  # noqa: E402
+from hami.tools.table import Style  # noqa: E402
 from kubefakes.demo_cluster import DEMO_NOW, V100, cards, limits, node, pod  # noqa: E402
 
 

@@ -1,6 +1,8 @@
 """The Allocate response for one container's cards: HAMi-core's env (limits in MiB ``<n>m``, SM percent,
-the shared usage cache) and the mounts (libvgpu, its preload file, the per-container cache dir, the lock
-dir), after preparing the host directories (hami-legacy-spec §3.4).
+the shared usage cache) and the mounts (libvgpu, its preload file, the per-container cache dir), after
+preparing the host directories (hami-legacy-spec §3.4). HAMi also mounts a node-wide writable lock
+directory at /tmp/vgpulock into every container; libvgpu reads nothing there, and a directory every
+tenant of the node can write is a channel between them, so it is not mounted.
 
 `ResponseBuilder` is a mixin of `device_plugin.allocator.Allocator`, which holds the settings.
 """
@@ -8,7 +10,6 @@ dir), after preparing the host directories (hami-legacy-spec §3.4).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import shutil
@@ -23,8 +24,7 @@ from hami.model import ContainerDevice
 from hami.vendors.nvidia import control_disabled
 
 if TYPE_CHECKING:
-    from device_plugin.allocator import AllocatorSettings
-    from device_plugin.lock_holder import PendingPod
+    from device_plugin.allocation_types import AllocatorSettings, PendingPod
 
 # Env names HAMi-core reads (hami-legacy-spec §3.4).
 ENV_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -38,7 +38,6 @@ ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"  # set (and written to vgpu.config)
 
 # Container-side paths (HAMi-core's expectations).
 CTR_PRELOAD = "/etc/ld.so.preload"
-CTR_LOCK_DIR = "/tmp/vgpulock"
 
 
 class ResponseBuilder:
@@ -114,8 +113,9 @@ class ResponseBuilder:
             envs[ENV_LOG_LEVEL] = s.lib_cuda_log_level
         if s.disable_core_limit:
             envs[ENV_CORE_POLICY] = "disable"
-        # libvgpu's read-only config file (limits for processes with a scrubbed environment) and the
-        # node-wide per-card regions (fair sharing between the card's containers): vgpu_config.py
+        # libvgpu's read-only config file (the authority for its limits, switch, region path and
+        # priority: the container's environment may only lower a limit) and the node-wide per-card
+        # regions (fair sharing between the card's containers): vgpu_config.py
         envs[vgpu_config.ENV_CARD_DIR] = str(vgpu_config.card_dir(s.vgpu_dir))
         if not control:
             envs[ENV_DISABLE_CONTROL] = "true"  # written into vgpu.config as well
@@ -128,7 +128,6 @@ class ResponseBuilder:
         mounts = [
             pb.Mount(container_path=str(lib), host_path=str(lib), read_only=True),
             pb.Mount(container_path=str(s.vgpu_dir), host_path=str(cache_dir), read_only=False),
-            pb.Mount(container_path=CTR_LOCK_DIR, host_path=s.lock_dir, read_only=False),
         ]
         if control:
             mounts.append(pb.Mount(container_path=CTR_PRELOAD, host_path=str(preload), read_only=True))
@@ -137,15 +136,11 @@ class ResponseBuilder:
         return pb.ContainerAllocateResponse(envs=envs, mounts=mounts)
 
     def _prepare_dirs(self, pod_uid: str, container: str, fresh: bool = True) -> Path:
-        """``<hook>/vgpu/containers/<podUID>_<ctr>`` (0777; emptied when `fresh`) and the lock dir (0777)
-        on the host."""
+        """``<hook>/vgpu/containers/<podUID>_<ctr>`` (0777; emptied when `fresh`) on the host."""
         s = self.settings
         cache_dir = s.vgpu_dir / "containers" / f"{pod_uid}_{container}"
         if fresh:
             shutil.rmtree(cache_dir, ignore_errors=True)  # a stale cache file would carry another run's usage
         cache_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(cache_dir, 0o777)  # noqa: S103 - any container user must be able to write its cache
-        Path(s.lock_dir).mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(PermissionError):
-            os.chmod(s.lock_dir, 0o777)  # noqa: S103
         return cache_dir

@@ -38,8 +38,9 @@ between. Nothing is written to the pods.
 
 `Allocator` is assembled from its parts: `device_plugin.lock_holder` (finding and validating the lock
 holder, the refusal path), `device_plugin.recorded_cards` (kubelet's ids against the recorded cards,
-reboot re-admission) and `device_plugin.allocate_response` (env and mounts); this module keeps the
-settings, GetPreferredAllocation and the Allocate loop.
+the ids preferred on them, reboot re-admission) and `device_plugin.allocate_response` (env and
+mounts), over the names they share in `device_plugin.allocation_types` (settings, the API calls, the
+pending pod); this module keeps the GetPreferredAllocation and Allocate loops.
 """
 
 from __future__ import annotations
@@ -47,14 +48,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from device_plugin.allocate_response import (
-    CTR_LOCK_DIR,
     CTR_PRELOAD,
     ENV_CORE_POLICY,
     ENV_DISABLE_CONTROL,
@@ -66,18 +63,17 @@ from device_plugin.allocate_response import (
     ENV_VISIBLE,
     ResponseBuilder,
 )
+from device_plugin.allocation_types import AllocatorSettings, Kube, PendingPod
 from device_plugin.api import api_pb2 as pb
 from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused
-from device_plugin.lock_holder import LockHolder, PendingPod
+from device_plugin.lock_holder import LockHolder
 from device_plugin.recorded_cards import CARD_MISMATCH_REASON, EVENT_COMPONENT, VENDOR, RecordedCards
 from hami import annotations as ann
 from hami.model import ContainerDevice
-from hami.vendors.nvidia import NvidiaConfig
 
 __all__ = [
     "CARD_MISMATCH_REASON",
-    "CTR_LOCK_DIR",
     "CTR_PRELOAD",
     "ENV_CORE_POLICY",
     "ENV_DISABLE_CONTROL",
@@ -98,59 +94,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-class Kube(Protocol):
-    """The part of `hami.kube.KubeClient` the allocator uses (sync; called through asyncio.to_thread)."""
-
-    def get_node(self, name: str) -> dict | None: ...
-    def get_pod(self, namespace: str, name: str) -> dict | None: ...
-    def list_pods(self, *, field_selector: str | None = None) -> list[dict]: ...
-    def create_event(
-        self,
-        involved: Mapping[str, Any],
-        *,
-        reason: str,
-        message: str,
-        type: str,
-        component: str,
-        host: str | None,
-    ) -> dict | None: ...
-    def patch_pod_metadata(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        annotations: dict[str, str | None] | None = None,
-        uid: str | None = None,
-    ) -> dict: ...
-
-
-@dataclass(frozen=True)
-class AllocatorSettings:
-    """What Allocate needs besides the pod.
-
-    `hook_path` is HAMi's HOOK_PATH (``/usr/local``): libvgpu lives in ``<hook_path>/vgpu`` on the host and
-    in the container; `lock_dir` the host directory mounted at /tmp/vgpulock.
-    """
-
-    node_name: str
-    scheduler_name: str = "hami-scheduler"
-    resource_name: str = "nvidia.com/gpu"
-    hook_path: str = "/usr/local"
-    lock_dir: str = "/tmp/vgpulock"
-    memory_scaling: float = 1.0
-    core_scaling: float = 1.0
-    lib_cuda_log_level: str = "1"
-    disable_core_limit: bool = False
-    #: The node's ``nvidia`` device config: how a container's spec reads as a request (resource names,
-    #: memoryFactor, defaultMemory, defaultCores), the ceiling of what Allocate serves.
-    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
-
-    @property
-    def vgpu_dir(self) -> Path:
-        return Path(self.hook_path) / "vgpu"
-
-
-class Allocator(LockHolder, RecordedCards, ResponseBuilder):
+class Allocator(RecordedCards, LockHolder, ResponseBuilder):
     """The production `AllocationPolicy`: serves the pod holding this node's lock. Calls are serialised."""
 
     def __init__(
@@ -209,23 +153,6 @@ class Allocator(LockHolder, RecordedCards, ResponseBuilder):
                 continue
             out.append(self._prefer(req, open_entries[k]))
         return out
-
-    def _prefer(self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]) -> list[str]:
-        available = set(req.available_deviceIDs)
-        chosen: list[str] = [d for d in req.must_include_deviceIDs]
-        covered = Counter(self.state.card_of(d) for d in chosen)
-        for dev in entry:
-            if covered[dev.uuid] > 0:
-                covered[dev.uuid] -= 1
-                continue
-            for rid in self.state.replicas(dev.uuid):
-                if rid in available and rid not in chosen:
-                    chosen.append(rid)
-                    break
-            else:
-                self.on_preferred_fallback("card_unavailable")
-                log.info("no free replica of card %s among kubelet's candidates", dev.uuid)
-        return chosen[: max(req.allocation_size, len(req.must_include_deviceIDs))]
 
     # ----- Allocate
 

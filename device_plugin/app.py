@@ -52,8 +52,6 @@ class PluginOptions:
     """kubelet's device plugin directory (default /var/lib/kubelet/device-plugins/)."""
     hook_path: str = "/usr/local"
     """HAMi's HOOK_PATH: libvgpu.so and ld.so.preload live in ``<hook_path>/vgpu``."""
-    lock_dir: str = "/tmp/vgpulock"
-    """Host directory mounted at /tmp/vgpulock in containers."""
     metrics_port: int | None = None
     """Port of /metrics and /healthz; None = no metrics server, 0 = any free port."""
     metrics_host: str = "0.0.0.0"
@@ -214,7 +212,6 @@ class DevicePluginApp:
                 scheduler_name=self.scheduler_name,
                 resource_name=self.resource_name,
                 hook_path=self.options.hook_path,
-                lock_dir=self.options.lock_dir,
                 memory_scaling=self.nvidia.deviceMemoryScaling,
                 core_scaling=self.nvidia.deviceCoreScaling,
                 lib_cuda_log_level=str(self.nvidia.libCudaLogLevel),

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +18,8 @@ from typing import Any
 
 from device_plugin import backends
 from device_plugin.api import DEFAULT_SOCKET_DIR
-from hami import settings
-from hami.config import DeviceConfig, load_config_file
+from hami import serving, settings
+from hami.config import DeviceConfig
 from hami.errors import HamiError
 
 __all__ = ["ENV_ALIASES", "ENV_PREFIX", "CommandOptions", "build_parser", "main", "parse_options", "run"]
@@ -68,7 +67,8 @@ class CommandOptions:
     hook_path: str = "/usr/local"
     """``--hook-path`` (``HOOK_PATH``): libvgpu.so and ld.so.preload live in ``<hook-path>/vgpu``."""
     lock_dir: str = "/tmp/vgpulock"
-    """``--lock-dir`` (``VGPU_LOCK_DIR``): host directory mounted at /tmp/vgpulock in containers."""
+    """``--lock-dir`` (``VGPU_LOCK_DIR``): accepted because HAMi's DaemonSets pass it, and unused: no
+    lock directory is mounted into containers (libvgpu reads none)."""
     metrics_port: int = 9396
     """``--metrics-port`` (``METRICS_PORT``): /metrics and /healthz port; -1 = no metrics server."""
     metrics_host: str = "0.0.0.0"
@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="HAMi's HOOK_PATH: libvgpu.so and ld.so.preload live in <hook-path>/vgpu (default /usr/local)",
     )
     p.add_argument(
-        "--lock-dir", default="/tmp/vgpulock", help="host directory mounted at /tmp/vgpulock in containers"
+        "--lock-dir", default="/tmp/vgpulock",
+        help="accepted for HAMi compatibility and unused: no lock directory is mounted into containers",
     )
     p.add_argument(
         "--metrics-port",
@@ -141,30 +142,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _supplied(config: DeviceConfig, values: Mapping[str, Any]) -> dict[str, Any]:
+    # The config file supplies the resource name (per node) and the scheduler name.
+    nvidia = config.nvidia_for_node(values["node_name"] or "")
+    return {"resource_name": nvidia.resourceCountName, "scheduler_name": config.scheduler.schedulerName}
+
+
 def parse_options(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CommandOptions:
     """Flag > ``HAMI_DEVICE_PLUGIN_*`` > HAMi's variable names > device config > default (`hami.settings`).
 
     Exits 2 with the usage message for a bad flag or environment value; raises ConfigError for a bad
     device config file.
     """
-    env = os.environ if env is None else env
     parser = build_parser()
-    loaded: dict[str, DeviceConfig] = {}
-
-    def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
-        # The config file supplies the resource name (per node) and the scheduler name.
-        for problem in settings.file_problems({"--device-config": values["device_config"]}):
-            parser.error(problem)
-        config = loaded["config"] = load_config_file(values["device_config"] or None)
-        nvidia = config.nvidia_for_node(values["node_name"] or "")
-        return {"resource_name": nvidia.resourceCountName, "scheduler_name": config.scheduler.schedulerName}
-
-    values = settings.resolve(
-        parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
+    values, config = serving.resolve_with_device_config(
+        parser,
+        argv,
+        env=env,
+        prefix=ENV_PREFIX,
+        aliases=ENV_ALIASES,
+        flag="--device-config",
+        supplies=_supplied,
     )
     _check_paths(parser, values)
     values["register_interval_s"] = values.pop("register_interval")
-    return CommandOptions(config=loaded["config"], **values)
+    return CommandOptions(config=config, **values)
 
 
 #: AF_UNIX keeps a socket path in a 108-byte ``sun_path`` with its terminating NUL (Linux unix(7)).
@@ -175,9 +177,9 @@ def _check_paths(parser: argparse.ArgumentParser, values: dict[str, Any]) -> Non
     """Make ``--socket-dir`` absolute, refuse paths that cannot work; exits 2 naming the flag.
 
     gRPC reads ``unix://device-plugins/x.sock`` as host ``device-plugins``, so a relative socket
-    directory is made absolute here. ``--hook-path`` and ``--lock-dir`` are host paths the plugin
-    hands kubelet as mounts, which must be absolute; guessing from this container's working
-    directory would mount the wrong place, so a relative one is refused.
+    directory is made absolute here. ``--hook-path`` is a host path the plugin hands kubelet in
+    mounts, which must be absolute; guessing from this container's working directory would mount
+    the wrong place, so a relative one is refused (``--lock-dir`` is unused, so not checked).
     """
     from device_plugin.kubelet import socket_name  # noqa: PLC0415 - keeps `--help` free of grpc
 
@@ -190,7 +192,7 @@ def _check_paths(parser: argparse.ArgumentParser, values: dict[str, Any]) -> Non
             f"--socket-dir {values['socket_dir']!r}: too long for a unix socket path "
             f"({len(os.fsencode(sock))} bytes with the socket name, at most {_MAX_SOCKET_PATH})"
         )
-    for dest in ("hook_path", "lock_dir"):
+    for dest in ("hook_path",):
         if not os.path.isabs(values[dest]):
             flag = "--" + dest.replace("_", "-")
             parser.error(f"{flag} {values[dest]!r}: must be an absolute host path (kubelet mounts it)")
@@ -208,7 +210,6 @@ async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> 
         scheduler_name=o.scheduler_name,
         socket_dir=o.socket_dir,
         hook_path=o.hook_path,
-        lock_dir=o.lock_dir,
         metrics_port=None if o.metrics_port < 0 else o.metrics_port,
         metrics_host=o.metrics_host,
         register_interval_s=o.register_interval_s,
@@ -228,49 +229,45 @@ async def run(options: CommandOptions, *, stop: asyncio.Event | None = None) -> 
         mig_allowlist=nvidia.migProfileAllowlist,
     )
     app = DevicePluginApp(plugin_options, backend, kube)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    try:
-        await stop.wait()
-    finally:
-        await app.stop()
+
+    async def start() -> DevicePluginApp:
+        await app.start()
+        return app
+
+    await serving.serve_until_signalled(start, stop=stop)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console script entry point (``hami-device-plugin = device_plugin.cli:main``).
+def _say(problem: str) -> None:
+    print(f"hami-device-plugin: {problem}", file=sys.stderr)
 
-    Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
-    stderr), 2 for usage errors (missing node name, bad flag or environment value, a path flag naming
-    a missing file or an unusable directory).
-    """
-    try:
-        options = parse_options(argv)
-    except HamiError as e:
-        print(f"hami-device-plugin: {e}", file=sys.stderr)
-        return 1
-    logging.basicConfig(
-        level=logging.DEBUG if options.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not options.node_name:
-        print("hami-device-plugin: --node-name (or env NODE_NAME) is required", file=sys.stderr)
-        return 2
-    for problem in settings.file_problems({"--fake-config": options.fake_config}):
-        print(f"hami-device-plugin: {problem}", file=sys.stderr)
-        return 2
-    try:
-        return asyncio.run(run(options))
-    except HamiError as e:
-        print(f"hami-device-plugin: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        # A busy metrics port, an unusable socket directory: one line for the operator, no traceback.
-        print(f"hami-device-plugin: cannot start: {e}", file=sys.stderr)
-        return 1
+
+def _node_name_given(options: CommandOptions) -> list[str]:
+    return [] if options.node_name else ["--node-name (or env NODE_NAME) is required"]
+
+
+def _describe(error: BaseException) -> str:
+    # A busy metrics port, an unusable socket directory: one line for the operator, no traceback.
+    return str(error) if isinstance(error, HamiError) else f"cannot start: {error}"
+
+
+#: Console script entry point (``hami-device-plugin = device_plugin.cli:main``).
+#:
+#: Exit status: 0 on SIGTERM/SIGINT, 1 for configuration errors and OS errors at start (one line on
+#: stderr), 2 for usage errors (missing node name, bad flag or environment value, a path flag naming
+#: a missing file or an unusable directory).
+main = serving.ServerMain(
+    parse=parse_options,
+    serve=run,
+    log_level=lambda o: logging.DEBUG if o.verbose else logging.INFO,
+    say=_say,
+    files=lambda o: {"--fake-config": o.fake_config},
+    check=_node_name_given,
+    describe=_describe,
+    config_status=1,
+    start_status=1,
+    log_format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from device_plugin.devices import DeviceState
+from device_plugin.allocation_types import AllocatorState, PendingPod
 from device_plugin.errors import AllocationRefused, ApiUnavailable
 from hami import annotations as ann
 from hami import pods
@@ -27,53 +26,12 @@ from hami.errors import AnnotationError, HamiError, InvalidRequest
 from hami.model import ContainerDevice
 from hami.quantity import to_count
 
-if TYPE_CHECKING:
-    from device_plugin.allocator import AllocatorSettings, Kube
-
 # The logger keeps the name it had before Allocate was split into parts: documented transcripts name it.
 log = logging.getLogger("device_plugin.allocator")
 
 
-@dataclass(frozen=True)
-class PendingPod:
-    """The pod being admitted, its decoded to-allocate list and container names (init first)."""
-
-    pod: dict
-    entries: list[list[ContainerDevice]]
-    containers: list[dict]
-    n_init: int = 0
-    boot_id: str = ""  # the node's status.nodeInfo.bootID when it was read for this request
-    node_pods: frozenset[str] = frozenset()  # UIDs of the pods listed on this node for this request
-
-    @property
-    def namespace(self) -> str:
-        return self.pod["metadata"]["namespace"]
-
-    @property
-    def name(self) -> str:
-        return self.pod["metadata"]["name"]
-
-    @property
-    def uid(self) -> str:
-        return self.pod["metadata"].get("uid", "")
-
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-
-class LockHolder:
+class LockHolder(AllocatorState):
     """The lock holder's lookup and the refusal path of `device_plugin.allocator.Allocator` (a mixin)."""
-
-    # Set up by `device_plugin.allocator.Allocator.__init__` (shared by all its parts).
-    kube: Kube
-    state: DeviceState
-    settings: AllocatorSettings
-    on_allocated: Callable[[], None]
-    on_preferred_fallback: Callable[[str], None]
-    on_card_mismatch: Callable[[], None]
-    on_readmitted: Callable[[], None]
-    _release_lock: Callable[..., bool]
-    _init_ids: dict[str, set[str]]
 
     async def _pending_pod(self, *, mutate: bool = True) -> PendingPod:
         """The pod named by this node's lock, validated. Raises AllocationRefused.

@@ -20,6 +20,7 @@ from typing import Protocol
 from device_plugin.devices import DeviceState
 from hami import annotations as ann
 from hami.kube.retry import Backoff, retry_call_async
+from hami.registration import encode_node_devices_json
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class NodeRegistrar:
         devices = self.state.registration(
             memory_scaling=self.memory_scaling, core_scaling=self.core_scaling, mode=self.mode
         )
-        return ann.encode_node_devices_json(devices)
+        return encode_node_devices_json(devices)
 
     def sync_once(self) -> bool:
         """Compare and patch once (blocking). True when a patch was sent.

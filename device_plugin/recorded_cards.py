@@ -8,7 +8,9 @@ Warning event (`CARD_MISMATCH_REASON`) and a metric. After a proven reboot (the 
 with no lock held, a request is answered from the plugin's own record of what it served
 (`device_plugin.served`), never from pod annotations, when exactly one kind of container fits it.
 
-`RecordedCards` is a mixin of `device_plugin.allocator.Allocator`, which holds the state.
+`RecordedCards` is a mixin of `device_plugin.allocator.Allocator`, which holds the state; it builds on
+the lock holder's refusal path (`device_plugin.lock_holder`) and the responses
+(`device_plugin.allocate_response`).
 """
 
 from __future__ import annotations
@@ -16,22 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
+from device_plugin.allocate_response import ResponseBuilder
+from device_plugin.allocation_types import PendingPod
 from device_plugin.api import api_pb2 as pb
-from device_plugin.devices import DeviceState
 from device_plugin.errors import AllocationRefused
-from device_plugin.lock_holder import PendingPod
+from device_plugin.lock_holder import LockHolder
 from device_plugin.served import SERVED_DIR, ServedRecords
 from hami import pods
 from hami.errors import InvalidRequest
 from hami.model import ContainerDevice
 from hami.spec_limits import asked_on
 from hami.vendors.nvidia import NvidiaVendor, control_disabled
-
-if TYPE_CHECKING:
-    from device_plugin.allocator import AllocatorSettings, Kube
 
 # The logger keeps the name it had before Allocate was split into parts: documented transcripts name it.
 log = logging.getLogger("device_plugin.allocator")
@@ -42,39 +41,26 @@ EVENT_COMPONENT = "hami-device-plugin"  # source.component of the plugin's event
 CARD_MISMATCH_REASON = "CardMismatch"  # Warning event: kubelet's ids on other cards than recorded
 
 
-class RecordedCards:
-    """Per-container card checks and reboot re-admission of `device_plugin.allocator.Allocator` (a mixin)."""
+class RecordedCards(LockHolder, ResponseBuilder):
+    """Per-container card checks, the preferred ids on the recorded cards and reboot re-admission of
+    `device_plugin.allocator.Allocator` (a mixin over the lock holder's refusal path and the responses)."""
 
-    # Set up by `device_plugin.allocator.Allocator.__init__` (shared by all its parts).
-    kube: Kube
-    state: DeviceState
-    settings: AllocatorSettings
-    on_allocated: Callable[[], None]
-    on_preferred_fallback: Callable[[str], None]
-    on_card_mismatch: Callable[[], None]
-    on_readmitted: Callable[[], None]
-    _release_lock: Callable[..., bool]
-    _init_ids: dict[str, set[str]]
-
-    if TYPE_CHECKING:
-        # Provided by the other parts of Allocator.
-        async def _fail(self, pod: dict, reason: str, message: str) -> AllocationRefused: ...
-        async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
-        def _record_problem(
-            self, ref: str, annos: Any, entries: list[list[ContainerDevice]], containers: list[dict]
-        ) -> str | None: ...
-        async def _respond(
-            self,
-            pending: PendingPod,
-            ctr: dict,
-            entry: list[ContainerDevice],
-            refuse: Callable[[str, str], Any],
-            *,
-            fresh: bool = True,
-        ) -> pb.ContainerAllocateResponse: ...
-        def _prefer(
-            self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]
-        ) -> list[str]: ...
+    def _prefer(self, req: pb.ContainerPreferredAllocationRequest, entry: list[ContainerDevice]) -> list[str]:
+        available = set(req.available_deviceIDs)
+        chosen: list[str] = [d for d in req.must_include_deviceIDs]
+        covered = Counter(self.state.card_of(d) for d in chosen)
+        for dev in entry:
+            if covered[dev.uuid] > 0:
+                covered[dev.uuid] -= 1
+                continue
+            for rid in self.state.replicas(dev.uuid):
+                if rid in available and rid not in chosen:
+                    chosen.append(rid)
+                    break
+            else:
+                self.on_preferred_fallback("card_unavailable")
+                log.info("no free replica of card %s among kubelet's candidates", dev.uuid)
+        return chosen[: max(req.allocation_size, len(req.must_include_deviceIDs))]
 
     async def _serve_container(
         self, pending: PendingPod, idx: int, entry: list[ContainerDevice], ids: list[str]

@@ -1,13 +1,16 @@
 """The files the device plugin mounts beside libvgpu so that every process of a container is
 limited, whatever its environment, and so that the containers of one card share it fairly.
 
-- ``vgpu.config`` (read-only, mounted at ``<hook>/vgpu/vgpu.config`` beside ``libvgpu.so``): the
-  same facts as the environment Allocate sets (memory limit per device, SM share, cache path,
-  priority, card-region directory), one ``NAME=VALUE`` line each after a ``vgpu-config 1``
-  header. libvgpu reads the environment first (HAMi compatibility) and this file where the
-  environment is silent, so a process started with ``env -i`` (sshd, cron, a supervisor that
-  scrubs its children) stays limited. Format version 1; libvgpu fails closed (memory 0,
-  compute 1 %) on a file it cannot read exactly (libvgpu/src/config.c; docs/libvgpu.md).
+- ``vgpu.config`` (read-only, mounted at ``<hook>/vgpu/vgpu.config`` beside ``libvgpu.so``, the
+  library ``/etc/ld.so.preload`` names): the facts of the environment Allocate sets (memory limit
+  per device, SM share, cache path, card-region directory), the container's priority and the
+  control switch, one ``NAME=VALUE`` line each after a ``vgpu-config 1`` header. Where the file
+  exists libvgpu takes every name it may carry from the file alone (the environment is the
+  tenant's and may only lower a process's memory limit), so the switch and the priority are
+  always written, never left to libvgpu's defaults; a process started with ``env -i`` (sshd,
+  cron, a supervisor that scrubs its children) stays limited too. Format version 1 (names an
+  older libvgpu does not know are skipped by it); libvgpu fails closed (memory 0, compute 1 %) on
+  a file it cannot read exactly (libvgpu/src/config.c; docs/libvgpu.md).
 - ``cards/<UUID>.card`` (read-write, node-wide, one per card): the per-card shared region
   (layout libvgpu/include/vgpu_card.h). Created empty here; libvgpu sizes and formats it. It
   lives outside the per-container directories, so it survives containers and is shared by all
@@ -36,6 +39,11 @@ CARDS_DIR = "cards"
 #: Environment variable naming the card-region directory (also written into the file).
 ENV_CARD_DIR = "LIBVGPU_CARD_DIR"
 ENV_TASK_PRIORITY = "CUDA_TASK_PRIORITY"
+ENV_DISABLE_CONTROL = "CUDA_DISABLE_CONTROL"
+#: Written when the container's facts do not say otherwise: libvgpu reads these from the file alone
+#: where it exists, so the file states them (enforcement on, low priority) rather than leaving them
+#: to libvgpu's defaults.
+EXPLICIT_DEFAULTS = {ENV_DISABLE_CONTROL: "false", ENV_TASK_PRIORITY: "1"}
 #: The largest file libvgpu reads, bytes.
 MAX_BYTES = 65536
 
@@ -60,10 +68,12 @@ def render(envs: Mapping[str, str], *, priority: str | None = None) -> str:
 
     Only the names of the libvgpu contract are written (``NVIDIA_VISIBLE_DEVICES`` and the like
     are the runtime's, not libvgpu's); `priority` is the container's ``CUDA_TASK_PRIORITY`` when
-    it sets one. Raises ConfigFileError when a value cannot be written as one line or when the
-    result would lack a memory limit or the cache path (libvgpu refuses such a file).
+    it sets one. ``CUDA_DISABLE_CONTROL`` and ``CUDA_TASK_PRIORITY`` are always written
+    (EXPLICIT_DEFAULTS where neither `envs` nor `priority` gives them). Raises ConfigFileError
+    when a value cannot be written as one line or when the result would lack a memory limit or
+    the cache path (libvgpu refuses such a file).
     """
-    facts = {k: str(v) for k, v in envs.items() if is_config_name(k)}
+    facts = EXPLICIT_DEFAULTS | {k: str(v) for k, v in envs.items() if is_config_name(k)}
     if priority is not None:
         facts[ENV_TASK_PRIORITY] = str(priority)
     lines = ["# written by the HAMi device plugin at Allocate; read by libvgpu (read-only)", HEADER]

@@ -1,4 +1,9 @@
-"""Every annotation and label key, and the codecs of HAMi's wire formats.
+"""Every annotation and label key, and the codecs of HAMi's wire formats but the node registrations.
+
+Here: the pod device lists, MIG allocations, the node lock and its allocation stamp, the handshake,
+and the bounded decoding every node agent's value goes through (`load_json`, `check_card_id`). The
+registrations a node agent writes about its cards (JSON and colon forms, pair scores) are their own
+room, `hami.registration`, built on these helpers.
 
 HAMi parses its positional strings in several places and silently turns bad numbers into 0; here each
 format is parsed in exactly one function, with round-trip tests on the worked examples of
@@ -19,7 +24,7 @@ from enum import StrEnum
 
 from hami import objects
 from hami.errors import AnnotationError
-from hami.model import ContainerDevice, Device, MigPlacement, MigProfile
+from hami.model import ContainerDevice, Device, MigPlacement
 
 # Pod annotations written by the scheduler and the device plugin (§1.4).
 ASSIGNED_NODE = "hami.io/vgpu-node"  # annotation and label
@@ -90,7 +95,9 @@ def encode_pod_devices(containers: Sequence[Sequence[ContainerDevice]]) -> str:
     return "".join(encode_container_devices(c) + CONTAINER_SEP for c in containers)
 
 
-def _int_field(value: str, *, what: str) -> int:
+def int_field(value: str, *, what: str) -> int:
+    """One integer field of a positional wire format (blanks around it allowed). Raises AnnotationError
+    naming `what`."""
     try:
         return int(value.strip())
     except ValueError:
@@ -133,8 +140,8 @@ def decode_container_devices(value: str, *, entry: int = 0) -> list[ContainerDev
             where = f"container entry {entry}, device {n}"
             if not uuid:
                 raise AnnotationError(f"{where}: empty uuid")
-            mem = _int_field(parts[2], what=f"{where} usedmem")
-            cores = _int_field(parts[3], what=f"{where} usedcores")
+            mem = int_field(parts[2], what=f"{where} usedmem")
+            cores = int_field(parts[3], what=f"{where} usedcores")
             if mem < 0 or cores < 0:
                 raise AnnotationError(f"{where}: usedmem and usedcores must be >= 0, got {mem} and {cores}")
         out.append(ContainerDevice(uuid=uuid, type=parts[1].strip(), usedmem=mem, usedcores=cores))
@@ -175,7 +182,7 @@ def align_pod_devices(
 
 
 # ---------------------------------------------------------------------------------------------------
-# Bounded decoding of what node agents write: size, depth and the card id alphabet.
+# Bounded decoding of what node agents write (size, depth, the card id alphabet), and JSON as Go writes it.
 
 
 _JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|["\[\]{}]', re.DOTALL)
@@ -255,6 +262,27 @@ def check_card_ids(devices: Sequence[Device]) -> None:
         check_card_id(d.uuid, f"device {i}")
 
 
+def go_json(obj: object) -> str:
+    """`obj` as compact JSON, byte for byte as Go's encoding/json writes it: Go escapes <, > and & (and
+    U+2028/9) even in plain strings."""
+    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return (
+        s.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def json_int(obj: Mapping[str, object], key: str, where: str) -> int:
+    """`obj[key]` as an integer (absent = 0). Raises AnnotationError naming `where` and the field otherwise."""
+    val = obj.get(key, 0)
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise AnnotationError(f"{where}: field {key!r} must be an integer, got {val!r}")
+    return val
+
+
 # ---------------------------------------------------------------------------------------------------
 # MIG allocations (`hami.io/vgpu-mig-allocations`, §1.6.6): the scheduler's reservation of one MIG
 # instance per device of a container on a card in MIG mode; the device plugin adds the runtime identity.
@@ -303,9 +331,20 @@ class MigAllocation:
         return obj
 
 
+def decode_mig_placement(obj: object, where: str) -> MigPlacement:
+    """A placement object ``{"start": 0, "size": 2}`` (MIG allocations, registered MIG profiles).
+    Raises AnnotationError naming `where` for another shape or a negative number."""
+    if not isinstance(obj, dict):
+        raise AnnotationError(f"{where}: must be an object {{start, size}}")
+    start, size = json_int(obj, "start", where), json_int(obj, "size", where)
+    if start < 0 or size < 0:
+        raise AnnotationError(f"{where}: start and size must be >= 0, got {start} and {size}")
+    return MigPlacement(start, size)
+
+
 def encode_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
     """The annotation value as Go's encoder writes HAMi's list (compact, keys in HAMi's order)."""
-    return _go_json([a.to_json() for a in allocations])
+    return go_json([a.to_json() for a in allocations])
 
 
 def mig_reservations(value: str) -> str:
@@ -360,12 +399,12 @@ def decode_mig_allocations(value: str) -> list[MigAllocation]:
         where = f"MIG allocation {i}"
         if not isinstance(obj, dict):
             raise AnnotationError(f"{where}: must be a JSON object")
-        ci, di = _json_int(obj, "containerIndex", where), _json_int(obj, "deviceIndex", where)
+        ci, di = json_int(obj, "containerIndex", where), json_int(obj, "deviceIndex", where)
         gpu, profile = obj.get("gpuUUID", ""), obj.get("profile", "")
         mig_uuid = obj.get("migUUID", "")
         if not isinstance(gpu, str) or not isinstance(profile, str) or not isinstance(mig_uuid, str):
             raise AnnotationError(f"{where}: fields 'gpuUUID', 'profile' and 'migUUID' must be strings")
-        placement = _mig_placement(obj.get("placement") or {}, f"{where} placement")
+        placement = decode_mig_placement(obj.get("placement") or {}, f"{where} placement")
         if ci < 0 or di < 0 or not gpu or not profile or placement.size == 0:
             raise AnnotationError(
                 f"{where} is incomplete: it needs containerIndex and deviceIndex >= 0, gpuUUID, profile and "
@@ -382,280 +421,6 @@ def decode_mig_allocations(value: str) -> list[MigAllocation]:
         seen.add((ci, di))
         out.append(MigAllocation(ci, di, gpu, profile, placement, mig_uuid, gi, cid))
     return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Node registration, JSON form (§1.6.1).
-
-
-def _go_json(obj: object) -> str:
-    # Go's encoding/json escapes <, > and & (and U+2028/9) even in plain strings; match it byte for byte.
-    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return (
-        s.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
-
-
-def device_to_json(device: Device) -> dict[str, object]:
-    """The registration object of one device, keys in HAMi's order, zero values omitted (omitempty)."""
-    obj: dict[str, object] = {"id": device.uuid}
-    for key, val in (
-        ("index", device.index),
-        ("count", device.count),
-        ("devmem", device.devmem),
-        ("devcore", device.devcore),
-        ("type", device.type),
-        ("numa", device.numa),
-        ("mode", device.mode),
-        ("migProfiles", [mig_profile_to_json(p) for p in device.mig_profiles]),
-        ("health", device.health),
-    ):
-        if val:
-            obj[key] = val
-    return obj
-
-
-def mig_profile_to_json(profile: MigProfile) -> dict[str, object]:
-    """One MIG profile of a registration, HAMi's compact form (no key omitted; no placements = null)."""
-    return {
-        "name": profile.name,
-        "memoryMB": profile.memory_mb,
-        "core": profile.core,
-        "sliceCount": profile.slice_count,
-        "placements": [{"start": p.start, "size": p.size} for p in profile.placements] or None,
-    }
-
-
-def _mig_placement(obj: object, where: str) -> MigPlacement:
-    if not isinstance(obj, dict):
-        raise AnnotationError(f"{where}: must be an object {{start, size}}")
-    start, size = _json_int(obj, "start", where), _json_int(obj, "size", where)
-    if start < 0 or size < 0:
-        raise AnnotationError(f"{where}: start and size must be >= 0, got {start} and {size}")
-    return MigPlacement(start, size)
-
-
-def _mig_profiles(raw: object, where: str) -> tuple[MigProfile, ...]:
-    """`migProfiles` of one registered device (unknown keys such as ``instanceCount`` ignored, as HAMi)."""
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise AnnotationError(f"{where}: field 'migProfiles' must be a JSON array")
-    out = []
-    for j, obj in enumerate(raw):
-        at = f"{where} migProfiles[{j}]"
-        if not isinstance(obj, dict):
-            raise AnnotationError(f"{at}: must be a JSON object")
-        name = obj.get("name")
-        if not isinstance(name, str) or not name:
-            raise AnnotationError(f"{at}: field 'name' must be a non-empty string")
-        ints = {k: _json_int(obj, k, at) for k in ("memoryMB", "core", "sliceCount")}
-        if any(v < 0 for v in ints.values()):
-            raise AnnotationError(f"{at}: memoryMB, core and sliceCount must be >= 0")
-        places = obj.get("placements")
-        if places is not None and not isinstance(places, list):
-            raise AnnotationError(f"{at}: field 'placements' must be a JSON array")
-        out.append(
-            MigProfile(
-                name=name,
-                memory_mb=ints["memoryMB"],
-                core=ints["core"],
-                slice_count=ints["sliceCount"],
-                placements=tuple(
-                    _mig_placement(p, f"{at} placements[{k}]") for k, p in enumerate(places or ())
-                ),
-            )
-        )
-    return tuple(out)
-
-
-def encode_node_devices_json(devices: Sequence[Device]) -> str:
-    """`hami.io/node-nvidia-register` value: a compact JSON array as Go's encoder writes it."""
-    return _go_json([device_to_json(d) for d in devices])
-
-
-def _json_int(obj: Mapping[str, object], key: str, where: str) -> int:
-    val = obj.get(key, 0)
-    if isinstance(val, bool) or not isinstance(val, int):
-        raise AnnotationError(f"{where}: field {key!r} must be an integer, got {val!r}")
-    return val
-
-
-def decode_node_devices_json(value: str, *, vendor: str = "NVIDIA") -> list[Device]:
-    """Decode a JSON registration; missing `index`/`numa` mean 0 and a missing `health` means false.
-
-    `migProfiles` (cards in MIG mode) become `Device.mig_profiles`; unknown keys (`devicevendor`,
-    `custominfo`, a profile's `instanceCount`) are ignored. Raises AnnotationError for invalid JSON, a
-    non-array, a device without `id`, or a field of the wrong type or range.
-    """
-    raw = load_json(value)
-    if not isinstance(raw, list):
-        raise AnnotationError("must be a JSON array of devices")
-    out: list[Device] = []
-    for i, obj in enumerate(raw):
-        where = f"device {i}"
-        if not isinstance(obj, dict):
-            raise AnnotationError(f"{where}: must be a JSON object")
-        uuid = obj.get("id")
-        if not isinstance(uuid, str) or not uuid:
-            raise AnnotationError(f"{where}: field 'id' must be a non-empty string")
-        check_card_id(uuid, where)
-        where = f"device {i} ({uuid})"
-        ints = {k: _json_int(obj, k, where) for k in ("index", "count", "devmem", "devcore", "numa")}
-        for k in ("index", "count", "devmem", "devcore"):
-            if ints[k] < 0:
-                raise AnnotationError(f"{where}: field {k!r} must be >= 0, got {ints[k]}")
-        dtype, mode, health = obj.get("type", ""), obj.get("mode", ""), obj.get("health", False)
-        if not isinstance(dtype, str) or not isinstance(mode, str):
-            raise AnnotationError(f"{where}: fields 'type' and 'mode' must be strings")
-        if not isinstance(health, bool):
-            raise AnnotationError(f"{where}: field 'health' must be true or false, got {health!r}")
-        _check_memory(ints["devmem"], where)
-        out.append(
-            Device(
-                uuid=uuid,
-                index=ints["index"],
-                count=ints["count"],
-                devmem=ints["devmem"],
-                devcore=ints["devcore"],
-                type=dtype,
-                numa=ints["numa"],
-                mode=mode or "hami-core",
-                health=health,
-                vendor=vendor,
-                mig_profiles=_mig_profiles(obj.get("migProfiles"), where),
-            )
-        )
-    check_distinct_cards(out)
-    return out
-
-
-def _check_memory(devmem: int, where: str) -> None:
-    if devmem == 0:
-        # A card without memory cannot take any share; a plugin that registers one lost its NVML reading.
-        raise AnnotationError(f"{where}: field 'devmem' must be > 0 MiB, got 0")
-
-
-def check_distinct_cards(devices: Sequence[Device], *, indexes: bool = True) -> None:
-    """Raise AnnotationError when two registered devices share an id or (with `indexes`) an index.
-
-    A card listed twice would be handed twice to one container (a ``gpu: 2`` container got one 40000 MiB
-    card twice, 60000 MiB booked on it); two cards of one index are one card seen twice, or a plugin
-    bug, and kubelet's device ids could not tell them apart. Positions in the messages are 0-based.
-    """
-    ids: dict[str, int] = {}
-    seen_index: dict[int, int] = {}
-    for i, d in enumerate(devices):
-        j = ids.setdefault(d.uuid, i)
-        if j != i:
-            raise AnnotationError(
-                f"devices {j} and {i} both have id {d.uuid!r}; every card must be listed once"
-            )
-        j = seen_index.setdefault(d.index, i) if indexes else i
-        if j != i:
-            raise AnnotationError(
-                f"devices {j} ({devices[j].uuid}) and {i} ({d.uuid}) both have index {d.index}; every card "
-                "needs its own index"
-            )
-
-
-# ---------------------------------------------------------------------------------------------------
-# Node registration, legacy colon form (§1.6.2): id,count,devmem,devcore,type,numa,health[,index,mode]:
-
-
-def encode_node_devices_colon(devices: Sequence[Device]) -> str:
-    """The 9-field colon form HAMi's encoder writes: ``id,count,devmem,devcore,type,numa,health,index,mode:``."""
-    return "".join(
-        f"{d.uuid},{d.count},{d.devmem},{d.devcore},{d.type},{d.numa},{str(d.health).lower()},"
-        f"{d.index},{d.mode}{DEVICE_SEP}"
-        for d in devices
-    )
-
-
-_BOOLS = {"1": True, "t": True, "T": True, "true": True, "TRUE": True, "True": True}
-_BOOLS.update({"0": False, "f": False, "F": False, "false": False, "FALSE": False, "False": False})
-
-
-def decode_node_devices_colon(value: str, *, vendor: str) -> list[Device]:
-    """Decode the colon form; 7 fields (index 0, mode hami-core) or 9. Raises AnnotationError otherwise.
-
-    A value without any ``:`` is an error (HAMi: "node annotations not decode successfully").
-    """
-    if DEVICE_SEP not in value:
-        raise AnnotationError("colon registration format needs ':' after every device")
-    out: list[Device] = []
-    indexed = True
-    for i, frag in enumerate(value.split(DEVICE_SEP)):
-        if not frag.strip():
-            continue
-        f = frag.split(FIELD_SEP)
-        where = f"device {i}"
-        if len(f) not in (7, 9):
-            raise AnnotationError(
-                f"{where}: {len(f)} fields, want 7 (id,count,devmem,devcore,type,numa,health) or 9 (+index,mode)"
-            )
-        if f[6] not in _BOOLS:
-            raise AnnotationError(f"{where}: health {f[6]!r} is not a boolean (true/false)")
-        if not f[0].strip():
-            raise AnnotationError(f"{where}: empty id")
-        check_card_id(f[0], where)
-        ints = {
-            k: _int_field(f[j], what=f"{where} {k}") for j, k in ((1, "count"), (2, "devmem"), (3, "devcore"))
-        }
-        ints["index"] = _int_field(f[7], what=f"{where} index") if len(f) == 9 else 0
-        for k, v in ints.items():
-            if v < 0:
-                raise AnnotationError(f"{where}: field {k!r} must be >= 0, got {v}")
-        _check_memory(ints["devmem"], f"{where} ({f[0]})")
-        out.append(
-            Device(
-                uuid=f[0],
-                count=ints["count"],
-                devmem=ints["devmem"],
-                devcore=ints["devcore"],
-                type=f[4],
-                numa=_int_field(f[5], what=f"{where} numa"),
-                health=_BOOLS[f[6]],
-                index=ints["index"],
-                mode=(f[8] if len(f) == 9 and f[8] else "hami-core"),
-                vendor=vendor,
-            )
-        )
-        indexed = indexed and len(f) == 9
-    # The 7-field form carries no index (every card reads as index 0), so only ids are compared there.
-    check_distinct_cards(out, indexes=indexed)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Pair scores (`hami.io/node-nvidia-score`, §1.6.3).
-
-
-def decode_pair_scores(value: str) -> dict[str, dict[str, int]]:
-    """``[{"uuid":"GPU-a","score":{"GPU-b":220}}]`` -> ``{"GPU-a": {"GPU-b": 220}}``. Raises AnnotationError."""
-    raw = load_json(value)
-    if not isinstance(raw, list):
-        raise AnnotationError("must be a JSON array of {uuid, score}")
-    out: dict[str, dict[str, int]] = {}
-    for i, obj in enumerate(raw):
-        if not isinstance(obj, dict) or not isinstance(obj.get("uuid"), str):
-            raise AnnotationError(f"entry {i}: must be an object with a string 'uuid'")
-        score = obj.get("score") or {}
-        if not isinstance(score, dict) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in score.values()
-        ):
-            raise AnnotationError(f"entry {i} ({obj['uuid']}): 'score' must map UUIDs to integers")
-        out[obj["uuid"]] = dict(score)
-    return out
-
-
-def encode_pair_scores(scores: Mapping[str, Mapping[str, int]]) -> str:
-    """Inverse of `decode_pair_scores`."""
-    return _go_json([{"uuid": u, "score": dict(s)} for u, s in scores.items()])
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hami.simulate.command import add_arguments
+    from hami.simulate.arguments import add_arguments
 
     parser = _Parser(prog="hami", description="HAMi legacy-mode GPU sharing tools.")
     parser.add_argument("--version", action="version", version=f"hami {__version__}")

@@ -45,6 +45,7 @@ from hami.pods import ContainerSpec, collapse_grants
 from hami.preemption import is_terminating, pod_priority, pod_start
 from hami.prefilter import Need, VerdictIndex, pod_needs
 from hami.quota import QuotaState
+from hami.registration import decode_pair_scores
 from hami.scoring import NodePolicy, choose_policies
 from hami.spec_limits import at_least_the_spec
 from hami.vendors import build_vendors
@@ -184,7 +185,7 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         pair_scores: dict[str, dict[str, int]] = {}
         if A.NVIDIA_SCORE in annos:
             try:
-                pair_scores = A.decode_pair_scores(annos[A.NVIDIA_SCORE])
+                pair_scores = decode_pair_scores(annos[A.NVIDIA_SCORE])
             except AnnotationError as e:
                 log.warning("node %s: ignoring %s: %s", name, A.NVIDIA_SCORE, e)
         cordoned = frozenset(p.strip() for p in annos.get(A.DEVICE_CORDON, "").split(",") if p.strip())

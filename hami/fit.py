@@ -9,7 +9,7 @@ order), so an operator reading HAMi's docs gets the same answers and the same re
   are counted with them (HAMi counts them as init containers and under-counts); an init container
   declared after a sidecar runs alongside that sidecar, so it is fitted next to it;
 - a container asking N cards gets N distinct cards;
-- every card failure is a `Reason`; the node's failure text is HAMi's
+- every card failure is a `Reason` (the per-card checks are `hami.card_checks`); the node's failure text is HAMi's
   ``"1/4 CardInsufficientMemory, 3/4 CardTimeSlicingExhausted"``.
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
+from hami.card_checks import check_card
 from hami.model import (
     ContainerDevice,
     ContainerRequest,
@@ -29,33 +29,9 @@ from hami.model import (
     Selection,
 )
 from hami.pods import ContainerKind, ContainerSpec, collapse_grants
+from hami.reason_words import Reason
 from hami.scoring import CardPolicy, PolicyChoice, best_combination, card_score, order_cards
 from hami.vendors.base import Vendor
-
-
-class Reason(StrEnum):
-    """Why a card (or node) cannot take a container; values are HAMi's reason words."""
-
-    CARD_NOT_HEALTH = "CardNotHealth"
-    CARD_CORDONED = "CardCordoned"
-    CARD_TYPE_MISMATCH = "CardTypeMismatch"
-    NUMA_NOT_FIT = "NumaNotFit"
-    CARD_UUID_MISMATCH = "CardUuidMismatch"
-    CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
-    EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
-    RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
-    CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
-    CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
-    CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
-    CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
-    ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
-    NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
-    # Reasons of vendors' own fits (hami/vendors/, HAMi pkg/device/common reason words).
-    CARD_NOT_FOUND_CUSTOM_FILTER_RULE = "CardNotFoundCustomFilterRule"
-    MODE_NOT_FIT = "ModeNotFit"
-    CARD_UNHEALTHY = "CardUnhealthy"
-    CARD_APP_CLASS_MISMATCH = "CardAppClassMismatch"
-    CARD_QOS_POLICY_MISMATCH = "CardQosPolicyMismatch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,61 +68,6 @@ class NodeFit:
 
 
 _ZERO = DeviceUsage()
-
-
-def check_card(
-    d: Device,
-    u: DeviceUsage,
-    req: ContainerRequest,
-    mem: int,
-    sel: Selection,
-    vendor: Vendor,
-    *,
-    mutex: bool,
-    cordoned: frozenset[str],
-    quota_ok: Callable[[int, int], bool] | None,
-) -> Reason | None:
-    """The per-card checks of §2.5 in HAMi's order; None when the card can take the request.
-
-    A card in MIG mode held by a pod whose instances are not on record (`DeviceUsage.mig_unknown`)
-    counts as unhealthy, as in HAMi: its free placements are unknown.
-    """
-    if not d.health or u.mig_unknown:
-        return Reason.CARD_NOT_HEALTH
-    if d.uuid in cordoned:
-        return Reason.CARD_CORDONED
-    if (sel.use_types or sel.nouse_types or sel.mode or sel.mig_profile) and not vendor.type_matches(d, sel):
-        return Reason.CARD_TYPE_MISMATCH
-    if (sel.use_uuids and d.uuid not in sel.use_uuids) or d.uuid in sel.nouse_uuids:
-        return Reason.CARD_UUID_MISMATCH
-    if d.count <= u.used:
-        return Reason.CARD_TIME_SLICING_EXHAUSTED
-    if mutex and u.used > 0:
-        return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-    cores = min(req.coresreq, 100)
-    if quota_ok is not None and not quota_ok(mem, cores):
-        return Reason.RESOURCE_QUOTA_NOT_FIT
-    if d.devmem - u.usedmem < mem:
-        return Reason.CARD_INSUFFICIENT_MEMORY
-    return core_reason(d.devcore, u.usedcores, u.used, cores)
-
-
-def core_reason(devcore: int, usedcores: int, used: int, cores: int) -> Reason | None:
-    """The core checks of §2.5 (steps 12-14), the one computation of a card's core capacity that the
-    fit and the filter's prefilter (`hami.prefilter`) both use; None when the card can take `cores`.
-
-    `devcore` is the card's registered capacity in percent (100 x deviceCoreScaling), `usedcores` the
-    percent booked, `used` the slots taken, `cores` the request clamped to 100. Exclusivity (a 100 %
-    request needs an idle card) applies only to a card registered with exactly 100 %: with
-    deviceCoreScaling above 1 a full-card request may share the card while cores are free (HAMi's rule).
-    """
-    if devcore - usedcores < cores:
-        return Reason.CARD_INSUFFICIENT_CORE
-    if devcore == 100 and cores == 100 and used > 0:
-        return Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-    if devcore != 0 and usedcores == devcore and cores == 0:
-        return Reason.CARD_COMPUTE_UNITS_EXHAUSTED
-    return None
 
 
 def fit_container(

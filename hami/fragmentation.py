@@ -13,7 +13,7 @@ measure counts each dimension a request takes, restated for HAMi's sharing model
   MiB or percent, cores percent per card, allowed models, the pod's CPU), each with a popularity `p_m`;
 - a card *serves* a shape when HAMi's per-card fit would let one container of that shape onto it now:
   healthy, a free slot, the model allowed, free memory >= the shape's MiB on that card, and the core rule
-  of `hami.fit.core_reason` (free cores, a 100 % request needs an idle 100 % card);
+  of `hami.card_checks.core_reason` (free cores, a 100 % request needs an idle 100 % card);
 - a card's *share taken* is the largest of its used cores / devcore, used MiB / devmem and used slots /
   count (what binds it: a card whose memory is full takes no pod, whatever its cores), and its free
   capacity `c_g` is 1 minus that, in cards (`free_capacity`);

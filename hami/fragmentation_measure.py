@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from hami.fit import core_reason
+from hami.card_checks import core_reason
 from hami.fragmentation_workload import Shape
 from hami.model import Device, DeviceUsage
 

@@ -16,15 +16,12 @@ from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hami import objects
 from hami.annotations import align_pod_devices
 from hami.errors import InvalidRequest
 from hami.model import CardGrant, ContainerRequest, PodDevices
-
-if TYPE_CHECKING:
-    from hami.vendors.base import Vendor
 
 #: Pod phases after which a pod holds nothing (Kubernetes PodPhase).
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -148,7 +145,18 @@ def check_container_shape(c: Any, path: str) -> None:
         raise InvalidRequest(f"{path}.securityContext must be an object, got {type(ctx).__name__}")
 
 
-def requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor] | Sequence[Vendor]) -> list[ContainerSpec]:
+class RequestReader(Protocol):
+    """What the pod rules ask of a vendor (`hami.vendors.base.Vendor`): one container's request.
+
+    A protocol, not the vendor interface: the vendors read pods with these rules, so the rules lie below them.
+    """
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None: ...
+
+
+def requests(
+    pod: Mapping[str, Any], vendors: Mapping[str, RequestReader] | Sequence[RequestReader]
+) -> list[ContainerSpec]:
     """Per container (device-list order) its device requests, one per vendor it asks for.
 
     Raises InvalidRequest (from the vendor) for a bad quantity, naming the container and the field, and
@@ -163,7 +171,9 @@ def requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor] | Sequence[Ve
 
 
 def container_spec(
-    container: Mapping[str, Any], kind: ContainerKind, vendors: Mapping[str, Vendor] | Sequence[Vendor]
+    container: Mapping[str, Any],
+    kind: ContainerKind,
+    vendors: Mapping[str, RequestReader] | Sequence[RequestReader],
 ) -> ContainerSpec:
     """One container's device requests, one per vendor it asks for (in `vendors` order).
 

@@ -4,7 +4,7 @@ Why: a filter call names every candidate node (a thousand and more), and most ar
 few reasons (memory, cores, slots). A node's summary (per card: free MiB, free cores, slots) is cached
 until its usage changes, and a pod's demand per vendor is reduced to a few `Need`s, so the common
 verdict is one memo lookup per node. The summary checks the per-card rules the fit checks, with the
-fit's own functions where the rule is arithmetic (`hami.fit.core_reason` for cores), and gives the
+fit's own functions where the rule is arithmetic (`hami.card_checks.core_reason` for cores), and gives the
 fit's reason text; UUID, mode, mutex and quota rules need the card list or the namespace and are left to
 the fit. Passing here is therefore a necessary condition only: the prefilter never refuses a node the
 fit would accept (a property test holds that).
@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from itertools import filterfalse, repeat
 from typing import NamedTuple, Protocol, TypeVar
 
-from hami.fit import NodeFit, Reason, core_reason
+from hami.card_checks import core_reason
+from hami.fit import NodeFit
 from hami.model import MIG_MODE, Device, DeviceUsage, Selection
 from hami.pods import ContainerSpec
+from hami.reason_words import Reason
 
 _ZERO = DeviceUsage()
 _UNKNOWN = object()  # memo miss marker (None is a verdict: fits)

@@ -17,9 +17,9 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from hami.fit import Reason
 from hami.model import PERCENTAGE_UNSET, ContainerRequest
 from hami.pods import ContainerSpec
+from hami.reason_words import Reason
 
 #: One ``n/total Word`` term of a node's failure text.
 _TERM = re.compile(r"^\s*([0-9]+)/([0-9]+) ([A-Za-z]+)\s*$")

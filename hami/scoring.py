@@ -12,17 +12,14 @@ An unknown policy value from a pod annotation falls back to the configured defau
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hami import annotations as A
 from hami.errors import InvalidRequest
 from hami.model import Device, DeviceUsage
-
-if TYPE_CHECKING:
-    from hami.fragmentation import FragmentationModel
 
 #: Policy names as the device config and the pod annotations spell them (HAMi's). Defined here, not in
 #: `hami.config`, because the config imports the vendors, whose fits import this module.
@@ -54,6 +51,26 @@ class ScoringWeights:
     memory: int = 1
 
 
+class CardDeltas(Protocol):
+    """What the card policy `fragmentation` asks of the learned workload (`hami.fragmentation.FragmentationModel`).
+
+    Named here as a protocol, not by the model's class: the model reads pods, the vendors' fits name
+    `PolicyChoice`, and the pods name the vendors, so the policies sit below all three.
+    """
+
+    def card_deltas(
+        self,
+        devices: Sequence[Device],
+        usage: Callable[[str], DeviceUsage],
+        candidates: Sequence[tuple[Device, int]],
+        cores: int,
+    ) -> list[float]:
+        """Per candidate (card of `devices`, MiB the container takes there), in `candidates` order, the
+        increase of the node's expected fragmentation when one container of that MiB and `cores`
+        percent goes on that card."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyChoice:
     """The policies in force for one pod, and warnings about annotation values that were not used."""
@@ -64,7 +81,7 @@ class PolicyChoice:
     warnings: tuple[str, ...] = field(default=())
     #: The learned workload the `fragmentation` policies score with (set by the cluster state when a
     #: policy asks for it; None elsewhere, where `fragmentation` orders cards as binpack does).
-    fragmentation: FragmentationModel | None = field(default=None, compare=False, repr=False)
+    fragmentation: CardDeltas | None = field(default=None, compare=False, repr=False)
 
     @property
     def uses_fragmentation(self) -> bool:

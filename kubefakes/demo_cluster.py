@@ -26,6 +26,7 @@ from typing import Any
 
 from hami import annotations as A
 from hami.model import ContainerDevice, Device
+from hami.registration import encode_node_devices_json
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 V100 = "NVIDIA-Tesla V100-PCIE-32GB"
@@ -79,7 +80,7 @@ def node(name: str, devices: list[Device], *, now: datetime, annotations: dict[s
           gpus: int | None = None, unschedulable: bool = False) -> dict[str, Any]:  # fmt: skip
     """A Node as kubelet and the NVIDIA device plugin leave it: registration and a Reported handshake, allocatable
     ``nvidia.com/gpu`` = the cards' shares (or `gpus`), InternalIP 127.0.0.1; `unschedulable` = kubectl cordon."""
-    annos = {A.NVIDIA_REGISTER: A.encode_node_devices_json(devices)} if devices else {}
+    annos = {A.NVIDIA_REGISTER: encode_node_devices_json(devices)} if devices else {}
     if devices:
         # In UTC, so the examples read the same on every machine (a Reported_ stamp is never judged by age).
         stamp = now.astimezone(UTC).replace(tzinfo=None)

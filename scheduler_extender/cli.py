@@ -16,20 +16,14 @@ accept seconds (``300``) or Go-style units (``5m``, ``30s``, ``1m30s``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
-import signal
 import socket
-import ssl
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from hami import settings
-from hami.config import SCHEDULER_SWITCHES, load_config_file, with_switches
-from hami.errors import HamiError, InvalidRequest
+from hami import serving, settings
+from hami.config import SCHEDULER_SWITCHES, with_switches
 from scheduler_extender.app import Server
 from scheduler_extender.events import EVENT_LEVELS
 from scheduler_extender.gctune import GcFreezer
@@ -149,19 +143,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     Exits 2 with the usage message for a bad flag or environment value; raises ConfigError for a bad
     device config file.
     """
-    env = os.environ if env is None else env
     parser = build_parser()
-    supplied: dict[str, Any] = {}
-
-    def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
-        # The device config file supplies `--scheduler-name` (``scheduler.schedulerName``).
-        for problem in settings.file_problems({"--config": values["config"]}):
-            parser.error(problem)
-        supplied["device_config"] = config = load_config_file(values["config"])
-        return {"scheduler_name": config.scheduler.schedulerName, **settings.switches_of(config)}
-
-    values = settings.resolve(
-        parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES, config=config_layer
+    values, config = serving.resolve_with_device_config(
+        parser, argv, env=env, prefix=ENV_PREFIX, aliases=ENV_ALIASES
     )
     values["kubeconfig"] = values["kubeconfig"] or None
     values["leader_elect_resource_namespace"] = values["leader_elect_resource_namespace"] or "kube-system"
@@ -198,67 +182,55 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
             split_host_port(values["metrics_bind_address"])
         except ValueError as e:
             parser.error(f"--metrics-bind-address {e}")
-    device_config = with_switches(supplied["device_config"], values)
+    device_config = with_switches(config, values)
     for dest in SCHEDULER_SWITCHES:  # carried by device_config.scheduler, where the vendors read them
         del values[dest]
     return ExtenderOptions(device_config=device_config, **values)
 
 
+class _Serving:
+    """The started server and, process-wide, the garbage collector tuning (stopped first)."""
+
+    def __init__(self, server: Server, freezer: GcFreezer | None) -> None:
+        self.server = server
+        self.freezer = freezer
+
+    async def stop(self) -> None:
+        if self.freezer is not None:
+            self.freezer.stop()
+        await self.server.stop()
+
+
 async def serve(options: ExtenderOptions) -> None:
     """Run until SIGTERM/SIGINT."""
-    server = Server(options)
-    await server.start()
-    # Process-wide, so only here (tests build several Servers in one process).
-    freezer = (
-        GcFreezer(options.gc_freeze_interval, options.gc_full_interval).start()
-        if options.gc_freeze_interval
-        else None
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError):
-            pass
-    try:
-        await stop.wait()
-    finally:
-        if freezer is not None:
-            freezer.stop()
-        await server.stop()
+
+    async def start() -> _Serving:
+        server = Server(options)
+        await server.start()
+        # Process-wide, so only here (tests build several Servers in one process).
+        freezer = (
+            GcFreezer(options.gc_freeze_interval, options.gc_full_interval).start()
+            if options.gc_freeze_interval
+            else None
+        )
+        return _Serving(server, freezer)
+
+    await serving.serve_until_signalled(start)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point. Exit 2 on bad flags, config, kubeconfig or certificates; 0 on a clean stop."""
-    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
-    try:
-        options = parse_args(argv)
-    except HamiError as e:  # a bad device config file: one line, no traceback
-        logging.basicConfig(level="INFO", format=fmt, stream=sys.stderr)
-        log.error("cannot start: %s", e)
-        return 2
-    logging.basicConfig(level=options.log_level, format=fmt, stream=sys.stderr)
-    tls = {
-        "--tls-cert-file": options.tls_cert_file,
-        "--tls-private-key-file": options.tls_private_key_file,
-        "--client-ca-file": options.client_ca_file,
-    }
-    for problem in settings.file_problems(tls):
-        log.error("cannot start: %s", problem)
-        return 2
-    try:
-        asyncio.run(serve(options))
-    except ssl.SSLError as e:  # both files open, but they are no PEM certificate and key pair
-        log.error("cannot start: --tls-cert-file %r / --tls-private-key-file %r: %s",
-                  options.tls_cert_file, options.tls_private_key_file, e)  # fmt: skip
-        return 2
-    except (HamiError, InvalidRequest, OSError) as e:
-        log.error("cannot start: %s", e)
-        return 2
-    except KeyboardInterrupt:
-        pass
-    return 0
+#: Console entry point. Exit 2 on bad flags, config, kubeconfig or certificates; 0 on a clean stop.
+main = serving.ServerMain(
+    parse=parse_args,
+    serve=serve,
+    log_level=lambda o: o.log_level,
+    say=serving.logged(log),
+    files=lambda o: {
+        "--tls-cert-file": o.tls_cert_file,
+        "--tls-private-key-file": o.tls_private_key_file,
+        "--client-ca-file": o.client_ca_file,
+    },
+    tls_files=lambda o: (o.tls_cert_file, o.tls_private_key_file),
+)
 
 
 if __name__ == "__main__":

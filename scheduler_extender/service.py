@@ -15,11 +15,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from hami.cluster import ClusterState
-from hami.nodelock import NODE_LOCK_EXPIRY_S, NodeMutexes
+from hami.nodelock import NodeMutexes
 from scheduler_extender import events as ev
 from scheduler_extender.binding import BindFailure, BindVerbs, LockHeld
 from scheduler_extender.filtering import FilterVerbs
@@ -28,31 +27,9 @@ from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.preempting import PreemptVerbs
 from scheduler_extender.runtime import TermGuard
 from scheduler_extender.sync import Inflight
+from scheduler_extender.verb_state import Settings
 
 __all__ = ["BindFailure", "Extender", "LockHeld", "Settings"]
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Extender behaviour knobs (flags in `scheduler_extender.cli`).
-
-    `scheduler_name`: pods must carry this ``spec.schedulerName`` to be placed (HAMi
-    ``--scheduler-name``); "" accepts any. `node_lock_expiry_s`: HAMi ``--node-lock-timeout``.
-    """
-
-    scheduler_name: str = "hami-scheduler"
-    node_lock_expiry_s: float = NODE_LOCK_EXPIRY_S
-    #: ``--async-record``: answer /filter once the decision is reserved and write the pod patch in the
-    #: background; /bind waits for that write (and fails if it failed) before taking the node lock.
-    async_record: bool = False
-    #: ``--bind-lock-wait``: seconds a bind that finds the node lock held waits for it in the node's
-    #: FIFO (`scheduler_extender.lockwait`) before failing; 0 fails at once (HAMi). Keep it below
-    #: kube-scheduler's extender httpTimeout.
-    bind_lock_wait_s: float = 25.0
-    #: ``--filter-mode``: ``single`` (HAMi: /filter returns the one node we chose, cards reserved) or
-    #: ``all`` (/filter returns every fitting node, /prioritize scores them, /bind picks the cards;
-    #: `scheduler_extender.candidates`).
-    filter_mode: str = "single"
 
 
 class Extender(FilterVerbs, BindVerbs, PreemptVerbs):

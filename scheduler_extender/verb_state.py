@@ -1,6 +1,7 @@
 """The attributes `scheduler_extender.service.Extender.__init__` sets up and both verb mixins read
 (`filtering.FilterVerbs`, `binding.BindVerbs`): declared once, for type checkers and readers; no
-state and no code of its own."""
+state and no code of its own. `Settings`, the type of one of them, lives here too, one floor below the
+verbs and the assembly that name it (`scheduler_extender.service` re-exports it)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,39 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from hami.cluster import ClusterState
-from hami.nodelock import NodeMutexes
+from hami.nodelock import NODE_LOCK_EXPIRY_S, NodeMutexes
 from scheduler_extender import events as ev
 from scheduler_extender.lockwait import LockQueues
 from scheduler_extender.metrics import ExtenderMetrics
 from scheduler_extender.runtime import TermGuard
 from scheduler_extender.sync import Inflight
 
-if TYPE_CHECKING:
-    from scheduler_extender.service import Settings
+
+@dataclass(frozen=True)
+class Settings:
+    """Extender behaviour knobs (flags in `scheduler_extender.cli`).
+
+    `scheduler_name`: pods must carry this ``spec.schedulerName`` to be placed (HAMi
+    ``--scheduler-name``); "" accepts any. `node_lock_expiry_s`: HAMi ``--node-lock-timeout``.
+    """
+
+    scheduler_name: str = "hami-scheduler"
+    node_lock_expiry_s: float = NODE_LOCK_EXPIRY_S
+    #: ``--async-record``: answer /filter once the decision is reserved and write the pod patch in the
+    #: background; /bind waits for that write (and fails if it failed) before taking the node lock.
+    async_record: bool = False
+    #: ``--bind-lock-wait``: seconds a bind that finds the node lock held waits for it in the node's
+    #: FIFO (`scheduler_extender.lockwait`) before failing; 0 fails at once (HAMi). Keep it below
+    #: kube-scheduler's extender httpTimeout.
+    bind_lock_wait_s: float = 25.0
+    #: ``--filter-mode``: ``single`` (HAMi: /filter returns the one node we chose, cards reserved) or
+    #: ``all`` (/filter returns every fitting node, /prioritize scores them, /bind picks the cards;
+    #: `scheduler_extender.candidates`).
+    filter_mode: str = "single"
 
 
 class VerbState:

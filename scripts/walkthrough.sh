@@ -58,11 +58,11 @@ cards:
   - {uuid: GPU-aaaa, index: 0, model: NVIDIA A100-SXM4-80GB, memory_mib: 81920, numa: 0}
   - {uuid: GPU-bbbb, index: 1, model: NVIDIA A100-SXM4-80GB, memory_mib: 81920, numa: 0}
 EOF
-mkdir -p device-plugins hook/vgpu vgpulock
+mkdir -p device-plugins hook/vgpu
 touch hook/vgpu/libvgpu.so hook/vgpu/ld.so.preload
 hami-device-plugin --backend fake --fake-config cards.yaml --node-name gpu-node-1 \
     --kubeconfig kubeconfig --socket-dir "$W/device-plugins" \
-    --hook-path "$W/hook" --lock-dir "$W/vgpulock" --metrics-port -1 > device-plugin.log 2>&1 &
+    --hook-path "$W/hook" --metrics-port -1 > device-plugin.log 2>&1 &
 DP_PID=$!
 wait_for 'curl -s "$API/api/v1/nodes/gpu-node-1" | grep -q node-nvidia-register'
 ls device-plugins

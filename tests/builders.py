@@ -18,6 +18,7 @@ from typing import Any
 
 from hami import annotations as A
 from hami.model import Device
+from hami.registration import encode_node_devices_json
 
 V100 = "NVIDIA-Tesla V100-PCIE-32GB"
 # Real-looking NVIDIA UUIDs (the format nvidia-smi prints), for tests that show them in annotations.
@@ -63,7 +64,7 @@ def cards(
 def node(name: str, devices: list[Device] | None = None, **annotations: str) -> dict[str, Any]:
     """A Node with HAMi's NVIDIA registration annotation for `devices` (default: 4 `cards`) and `annotations`."""
     devices = cards(name) if devices is None else devices
-    annos = {A.NVIDIA_REGISTER: A.encode_node_devices_json(devices), **annotations}
+    annos = {A.NVIDIA_REGISTER: encode_node_devices_json(devices), **annotations}
     return {"metadata": {"name": name, "annotations": annos}}
 
 
@@ -174,7 +175,7 @@ def gpu_node(
         "metadata": {
             "name": name,
             "labels": {"kubernetes.io/hostname": name},
-            "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(devices), **(extra or {})},
+            "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json(devices), **(extra or {})},
         },
         "spec": {},
         "status": {"capacity": res, "allocatable": res, "conditions": [{"type": "Ready", "status": "True"}]},

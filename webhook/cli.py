@@ -16,18 +16,11 @@ the quota pre-check.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
-import signal
-import ssl
-import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from hami import settings
-from hami.config import SCHEDULER_SWITCHES, load_config_file, with_switches
-from hami.errors import HamiError
+from hami import serving, settings
+from hami.config import SCHEDULER_SWITCHES, with_switches
 from webhook.app import Running, build_mutator, start
 from webhook.mutate import DEFAULT_SCHEDULER
 from webhook.options import WebhookOptions
@@ -76,22 +69,12 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     Exits 2 with the usage message for a bad or missing flag or environment value; raises ConfigError
     for a bad device config file.
     """
-    env = os.environ if env is None else env
     parser = build_parser()
-    loaded: dict[str, Any] = {}
-
-    def config_layer(values: Mapping[str, Any]) -> dict[str, Any]:
-        # The device config file supplies `--scheduler-name` (``scheduler.schedulerName``).
-        for problem in settings.file_problems({"--config": values["config"]}):
-            parser.error(problem)
-        config = loaded["device_config"] = load_config_file(values["config"])
-        return {"scheduler_name": config.scheduler.schedulerName, **settings.switches_of(config)}
-
-    values = settings.resolve(parser, argv, env=env, prefix=ENV_PREFIX, config=config_layer)
+    values, config = serving.resolve_with_device_config(parser, argv, env=env, prefix=ENV_PREFIX)
     missing = [f"--{dest.replace('_', '-')}" for dest in _REQUIRED if not values[dest]]
     if missing:
         parser.error(f"the following arguments are required: {', '.join(missing)}")
-    device_config = with_switches(loaded["device_config"], values)
+    device_config = with_switches(config, values)
     for dest in SCHEDULER_SWITCHES:  # carried by device_config.scheduler, where the vendors read them
         del values[dest]
     return WebhookOptions(device_config=device_config, **values)
@@ -99,38 +82,15 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
 
 async def serve(options: WebhookOptions) -> None:
     """Serve until SIGTERM or SIGINT."""
-    running = await start(options)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await running.stop()
+    await serving.serve_until_signalled(lambda: start(options))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console script entry point. Exit 2 on bad flags/config/certificates, 0 on a clean stop."""
-    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
-    try:
-        options = parse_args(argv)
-    except HamiError as exc:  # a bad device config file: one line, no traceback
-        logging.basicConfig(level="INFO", format=fmt, stream=sys.stderr)
-        log.error("cannot start: %s", exc)
-        return 2
-    logging.basicConfig(level=options.log_level, format=fmt, stream=sys.stderr)
-    tls = {"--tls-cert-file": options.tls_cert_file, "--tls-private-key-file": options.tls_private_key_file}
-    for problem in settings.file_problems(tls):
-        log.error("cannot start: %s", problem)
-        return 2
-    try:
-        asyncio.run(serve(options))
-    except ssl.SSLError as exc:  # both files open, but they are no PEM certificate and key pair
-        log.error("cannot start: --tls-cert-file %r / --tls-private-key-file %r: %s",
-                  options.tls_cert_file, options.tls_private_key_file, exc)  # fmt: skip
-        return 2
-    except (HamiError, OSError) as exc:
-        log.error("cannot start: %s", exc)
-        return 2
-    return 0
+#: Console script entry point. Exit 2 on bad flags/config/certificates, 0 on a clean stop.
+main = serving.ServerMain(
+    parse=parse_args,
+    serve=serve,
+    log_level=lambda o: o.log_level,
+    say=serving.logged(log),
+    files=lambda o: {"--tls-cert-file": o.tls_cert_file, "--tls-private-key-file": o.tls_private_key_file},
+    tls_files=lambda o: (o.tls_cert_file, o.tls_private_key_file),
+)

@@ -33,7 +33,7 @@ from hami.errors import AnnotationError
 from hami.model import ContainerDevice
 
 if TYPE_CHECKING:
-    from device_plugin.lock_holder import PendingPod
+    from device_plugin.allocation_types import PendingPod
 
 log = logging.getLogger(__name__)
 

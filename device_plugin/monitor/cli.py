@@ -14,17 +14,14 @@ over ``--address``/``--port``. Durations accept seconds (``300``) or Go-style un
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 
 from device_plugin.monitor.host import HOST_BACKENDS, make_host
 from device_plugin.monitor.options import DEFAULT_CONTAINERS_DIR, DEFAULT_PORT, MonitorOptions
-from hami import settings
-from hami.errors import HamiError
+from hami import serving, settings
 
 __all__ = ["ENV_ALIASES", "ENV_PREFIX", "build_parser", "main", "parse_args"]
 
@@ -137,35 +134,23 @@ async def serve(options: MonitorOptions) -> None:
     host = make_host(options.backend, fake_config=options.fake_config)
     kube = KubeClient.from_kubeconfig(options.kubeconfig)
     app = MonitorApp(options, host, kube)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
+
+    async def start() -> MonitorApp:
+        await app.start()
+        return app
+
     try:
-        await stop.wait()
+        await serving.serve_until_signalled(start)
     finally:
-        await app.stop()
         kube.close()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point (``hami-vgpu-monitor = device_plugin.monitor.cli:main``).
-
-    Exit status: 0 on SIGTERM/SIGINT; 2 for bad flags or environment values (usage message), a bad
-    kubeconfig, an unusable host backend or a busy port (one line on stderr).
-    """
-    options = parse_args(argv)
-    fmt = "%(asctime)s %(levelname)s %(name)s %(message)s"
-    logging.basicConfig(level=options.log_level, format=fmt, stream=sys.stderr)
-    try:
-        asyncio.run(serve(options))
-    except (HamiError, OSError) as e:
-        log.error("cannot start: %s", e)
-        return 2
-    except KeyboardInterrupt:
-        pass
-    return 0
+#: Console entry point (``hami-vgpu-monitor = device_plugin.monitor.cli:main``).
+#: Exit status: 0 on SIGTERM/SIGINT; 2 for bad flags or environment values (usage message), a bad
+#: kubeconfig, an unusable host backend or a busy port (one line on stderr).
+main = serving.ServerMain(
+    parse=parse_args, serve=serve, log_level=lambda o: o.log_level, say=serving.logged(log)
+)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from device_plugin.mps.daemon import MpsDaemons
 from hami.model import ContainerDevice
 
 if TYPE_CHECKING:
-    from device_plugin.lock_holder import PendingPod
+    from device_plugin.allocation_types import PendingPod
 
 CTR_PIPE_DIR = "/tmp/nvidia-mps"
 CTR_LOG_DIR = "/tmp/nvidia-log"

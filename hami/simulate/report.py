@@ -17,7 +17,8 @@ from typing import Any
 from hami.simulate.allocation import figures_of
 from hami.simulate.engine import Checkpoint, Mode, ModelUsage, RunResult
 from hami.simulate.fragmeter import ClusterFragmentation, NodeFragmentation, top_nodes
-from hami.simulate.workload import Workload, model_of
+from hami.simulate.workload import SimNode, Workload, model_of
+from hami.tools.table import table
 
 PLACEMENT_COLUMNS = (
     "pod",
@@ -226,21 +227,16 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.2f}%"
 
 
-def _cluster_line(workload: Workload) -> str:
-    models = Counter(model_of(c.type) for n in workload.nodes for c in n.cards)
+def cluster_line(nodes: Sequence[SimNode], source: str) -> str:
+    """``cluster: 20 nodes, 97 GPUs (G2 56, T4 16, ...) from SOURCE``: the card models most common first."""
+    models = Counter(model_of(c.type) for n in nodes for c in n.cards)
     mix = ", ".join(f"{m} {k}" for m, k in sorted(models.items(), key=lambda kv: (-kv[1], kv[0])))
-    return f"cluster: {len(workload.nodes)} nodes, {workload.gpus} GPUs ({mix}) from {workload.nodes_source}"
+    return f"cluster: {len(nodes)} nodes, {sum(models.values())} GPUs ({mix}) from {source}"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
-    fmt = [
-        (lambda s, w=w: s.ljust(w)) if i == 0 else (lambda s, w=w: s.rjust(w)) for i, w in enumerate(widths)
-    ]
-    lines = ["  ".join(f(h) for f, h in zip(fmt, header, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines.extend("  ".join(f(c) for f, c in zip(fmt, r, strict=True)) for r in rows)
-    return lines
+    """The summary's tables: the first column (policy, node) left, the figures right, under a rule."""
+    return table(header, rows, left=(0,), rule=True)
 
 
 def peak_reason(r: RunResult) -> str:
@@ -413,7 +409,7 @@ def summary_text(results: Sequence[RunResult], workload: Workload) -> str:
         what = "trace mode: arrivals and deletions in trace time order"
     lines = [
         f"hami simulate - {what}",
-        _cluster_line(workload),
+        cluster_line(workload.nodes, workload.nodes_source),
         f"workload: {len(workload.pods)} pods from {workload.pods_source}",
         "",
     ]

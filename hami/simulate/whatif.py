@@ -33,8 +33,10 @@ from hami.errors import InvalidRequest
 from hami.quantity import parse_quantity
 from hami.simulate import kubeyaml
 from hami.simulate.engine import Mode, Policy, parse_policy, run
+from hami.simulate.report import cluster_line
 from hami.simulate.start import Start
-from hami.simulate.workload import DEFAULT_NAMESPACE, SimNode, SimPod, TraceError, Workload, model_of
+from hami.simulate.workload import DEFAULT_NAMESPACE, SimNode, SimPod, TraceError, Workload
+from hami.tools.table import table
 from hami.vendors import build_vendors
 
 FLAG = "--what-if-shape"
@@ -232,33 +234,14 @@ def answers_json(
     }
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Columns padded to their widest cell; text columns (first, last) left, numbers right."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    last = len(header) - 1
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i in (0, last) else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
-
-
 def answers_text(
     answers: Sequence[ShapeAnswer], *, start: Start, nodes: Sequence[SimNode], nodes_source: str,
     current_from: str,
 ) -> str:  # fmt: skip
     """The human summary: the start state, then per shape one row per policy."""
-    models: dict[str, int] = {}
-    for n in nodes:
-        for c in n.cards:
-            models[model_of(c.type)] = models.get(model_of(c.type), 0) + 1
-    mix = ", ".join(f"{m} {k}" for m, k in sorted(models.items(), key=lambda kv: (-kv[1], kv[0])))
     lines = [
         "hami simulate - what-if: pods of one shape submitted one after another until one fits nowhere",
-        f"cluster: {len(nodes)} nodes, {sum(models.values())} GPUs ({mix}) from {nodes_source}",
+        cluster_line(nodes, nodes_source),
         start.text(),
         f"current policy: {answers[0].current} ({current_from})",
     ]
@@ -274,7 +257,8 @@ def answers_text(
             rows.append([o.policy.label, fit, vs, f"{o.capacity_allocation_ratio * 100:.2f}%",
                          f"{o.gpu_allocation_ratio * 100:.2f}%", f"{o.memory_allocation_ratio * 100:.2f}%",
                          stopped])  # fmt: skip
-        lines += _table(header, rows)
+        # text columns (policy, stopped by) left, the counts and ratios right
+        lines += table(header, rows, left=(0, -1), rule=True)
     lines += [
         "",
         "pods fit: pods of the shape placed from the start state before the first refusal; vs current: "

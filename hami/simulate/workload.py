@@ -22,6 +22,7 @@ from hami import annotations as A
 from hami.config import DeviceConfig
 from hami.errors import InvalidRequest
 from hami.model import Device
+from hami.registration import encode_node_devices_json
 from hami.vendors.nvidia import USE_GPUTYPE
 
 #: Card memory (MiB) per openb model (trace README). G2 and G3 are undisclosed; these are the README's
@@ -171,7 +172,7 @@ def gpu_node(
         )
         for i in range(gpus)
     )
-    annotations = {A.NVIDIA_REGISTER: A.encode_node_devices_json(cards)} if cards else {}
+    annotations = {A.NVIDIA_REGISTER: encode_node_devices_json(cards)} if cards else {}
     obj = {
         "apiVersion": "v1",
         "kind": "Node",

@@ -176,7 +176,7 @@ def _snapshot(args: argparse.Namespace) -> Any:
 
 
 def _style(stream: Any) -> Any:
-    from hami.tools.render import Style, use_color
+    from hami.tools.table import Style, use_color
 
     return Style(use_color(stream))
 

@@ -25,12 +25,12 @@ from typing import Any
 from hami import annotations as A
 from hami import objects
 from hami.errors import AnnotationError, InvalidRequest, NotFound
-from hami.fit import Reason
 from hami.model import PERCENTAGE_UNSET
 from hami.nodelock import lock_age_s, read_node_lock
 from hami.pods import ContainerSpec
 from hami.preemption import pick_node, pod_priority
 from hami.quota import containers_demand
+from hami.reason_words import Reason
 from hami.reasons import parse_reason_text, sentence
 from hami.scoring import choose_policies, node_score, policy_errors
 from hami.tools.render import age

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from hami import annotations as A
 from hami import objects, pods
+from hami.card_checks import check_card
 from hami.cluster import CardStat
 from hami.errors import AnnotationError, InvalidRequest
-from hami.fit import check_card
 from hami.model import MIG_MODE, ContainerRequest, Device, DeviceUsage, Selection
 from hami.nodelock import lock_age_s, read_node_lock
 from hami.tools.snapshot import Snapshot, pending_device_pods, unschedulable
@@ -287,7 +287,7 @@ def _pending_requests(snapshot: Snapshot) -> list[tuple[ContainerRequest, Select
 def fragmented(card: Device, usage: DeviceUsage, cordoned: frozenset[str], wanted: Sequence[tuple[ContainerRequest, Selection]],
                snapshot: Snapshot) -> bool:  # fmt: skip
     """A usable card with free memory on which none of the `wanted` container requests fits alone
-    (the fit's own per-card checks, `hami.fit.check_card`). False when nothing is wanted."""
+    (the fit's own per-card checks, `hami.card_checks.check_card`). False when nothing is wanted."""
     if not wanted or not card.health or card.uuid in cordoned or card.devmem - usage.usedmem <= 0:
         return False
     for req, sel in wanted:

@@ -1,76 +1,23 @@
-"""Renderers of the tools' reports: aligned tables for people, JSON and YAML for scripts.
+"""Renderers of the tools' reports: aligned tables for people (`hami.tools.table`, which also holds the
+colours and when to use them), JSON and YAML for scripts.
 
-Colour only when the output is a terminal and ``NO_COLOR`` is not set (https://no-color.org); a pipe or a
-file gets plain text, so golden outputs and `grep` see the same bytes. The JSON/YAML shape is the
-documented, stable one (docs/operations.md, "JSON output"): keys are only ever added, never renamed.
+The JSON/YAML shape is the documented, stable one (docs/operations.md, "JSON output"): keys are only
+ever added, never renamed.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import Any
 
 import yaml
 
 from hami.tools.inspect import CardReport, ClusterReport, ContainerOnCard, NodeReport, percent
+from hami.tools.table import Style, table
 
 API_VERSION = "hami.io/v1alpha1"
 FORMATS = ("table", "wide", "json", "yaml")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class Style:
-    """ANSI colours, or nothing when `enabled` is False."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-
-    def _wrap(self, code: str, text: str) -> str:
-        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled and text else text
-
-    def bad(self, text: str) -> str:
-        return self._wrap("31", text)
-
-    def warn(self, text: str) -> str:
-        return self._wrap("33", text)
-
-    def good(self, text: str) -> str:
-        return self._wrap("32", text)
-
-    def head(self, text: str) -> str:
-        return self._wrap("1", text)
-
-
-def use_color(stream: IO[str], env: Mapping[str, str] | None = None) -> bool:
-    """Colour for `stream`: a terminal, ``NO_COLOR`` unset (any value, even empty, turns it off), TERM not dumb."""
-    env = os.environ if env is None else env
-    if "NO_COLOR" in env or env.get("TERM") == "dumb":
-        return False
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
-
-
-def visible_len(text: str) -> int:
-    return len(_ANSI.sub("", text))
-
-
-def table(
-    headers: Sequence[str], rows: Sequence[Sequence[str]], *, style: Style, indent: str = ""
-) -> list[str]:
-    """Left-aligned columns separated by two spaces; trailing blanks stripped."""
-    widths = [visible_len(h) for h in headers]
-    for r in rows:
-        for i, cell in enumerate(r):
-            widths[i] = max(widths[i], visible_len(cell))
-
-    def line(cells: Sequence[str]) -> str:
-        parts = [c + " " * (widths[i] - visible_len(c)) for i, c in enumerate(cells)]
-        return (indent + "  ".join(parts)).rstrip()
-
-    return [style.head(line(headers)) if style.enabled else line(headers), *(line(r) for r in rows)]
 
 
 def age(seconds: float) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from hami.configparse import parse_section
 from hami.vendors import (
@@ -31,13 +31,31 @@ from hami.vendors.hygon import HygonConfig, HygonVendor
 from hami.vendors.nvidia import NvidiaConfig, NvidiaVendor
 from hami.vendors.nvidia import parse_config as nvidia_parse_config
 
-if TYPE_CHECKING:
-    from hami.config import DeviceConfig
-
 __all__ = [
     "VENDOR_SECTIONS", "MutationResult", "ResourceNames", "Vendor", "VendorSection", "build_vendors",
     "HygonVendor", "NvidiaVendor",
 ]  # fmt: skip
+
+
+class VendorSwitches(Protocol):
+    """The `scheduler:` switches of the vendors that are off by default (`hami.config.SchedulerConfig`)."""
+
+    @property
+    def enableAscend(self) -> bool: ...
+
+    @property
+    def enableIluvatar(self) -> bool: ...
+
+
+class SectionSource(Protocol):
+    """What the table reads of a device configuration (`hami.config.DeviceConfig`): a vendor section by
+    its YAML key, and the scheduler switches. A protocol, not the class: the configuration parses its
+    sections with this table, so it lies above it."""
+
+    @property
+    def scheduler(self) -> VendorSwitches: ...
+
+    def section(self, key: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +69,7 @@ class VendorSection:
     """
 
     config: type
-    build: Callable[[Any, DeviceConfig | None], list[Vendor]]
+    build: Callable[[Any, SectionSource | None], list[Vendor]]
     aliases: Mapping[str, str] = field(default_factory=dict)
     custom_parse: Callable[[str, Any], Any] | None = None
 
@@ -88,7 +106,7 @@ VENDOR_SECTIONS: dict[str, VendorSection] = {
 UNIMPLEMENTED_SECTIONS: frozenset[str] = frozenset()
 
 
-def build_vendors(config: DeviceConfig | None = None) -> dict[str, Vendor]:
+def build_vendors(config: SectionSource | None = None) -> dict[str, Vendor]:
     """The enabled vendors in a stable order (NVIDIA first), keyed by CommonWord.
 
     Raises ConfigError when two sections register the same CommonWord (e.g. an Iluvatar chip named

@@ -15,17 +15,16 @@ counts CUs, as HAMi does.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami import annotations as A
 from hami.errors import InvalidRequest
-from hami.model import ContainerDevice, ContainerRequest, Device, Selection
+from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 from hami.quantity import to_count, to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
-from hami.vendors.base import MutationResult, split_list
+from hami.vendors.base import MutationResult, registered, split_list
 
 
 @dataclass(frozen=True)
@@ -94,10 +93,8 @@ class AMDVendor(C.ShareVendor):
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = C.limits_only(container)
-        if n.count not in limits:
-            return None
-        nums = to_count(limits[n.count], resource=C.field_name(container, n.count))
-        if nums == 0:
+        nums = C.asked_count(container, limits, n.count)
+        if nums is None:
             return None
         mem = (
             to_mib(limits[n.memory], resource=C.field_name(container, n.memory), per_card=True)
@@ -119,52 +116,40 @@ class AMDVendor(C.ShareVendor):
         return MutationResult(uses_device=True)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return [d for d, _ in C.decode_register_json(value, vendor=self.common_word)]
+        return registered(
+            node, self.register_key, lambda v: C.register_json_cards(v, vendor=self.common_word)
+        )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
-        if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
-        reasons: Counter = Counter()
-        passing = []
+        if (short := C.fewer_cards(req, cards)) is not None:
+            return short
         typed = bool(selection.use_types or selection.nouse_types)
-        for d in cards:
-            u = usage(d.uuid)
-            mem = req.memreq if req.memreq > 0 else d.devmem
-            cu = min(max(d.devcore * req.coresreq // 100, 1), d.devcore)
-            why = None
-            if not d.health:
-                why = R.CARD_NOT_HEALTH
-            elif typed and not self.type_matches(d, selection):
-                why = R.CARD_TYPE_MISMATCH
-            elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
-            elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
-            elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif d.devmem - u.usedmem < mem:
-                why = R.CARD_INSUFFICIENT_MEMORY
-            elif d.devcore <= 0 or d.devcore - u.usedcores < cu:
-                why = R.CARD_INSUFFICIENT_CORE
-            if why is None:
-                passing.append((d, u, mem))
-            else:
-                reasons[why] += 1
-        if len(passing) < req.nums:
-            return C.insufficient(reasons, len(passing))
-        out = []
-        for d, _ in C.by_policy(passing, req, policy)[: req.nums]:
-            cu = min(max(d.devcore * req.coresreq // 100, 1), d.devcore)
-            out.append(
-                ContainerDevice(
-                    uuid=d.uuid, type=d.type, usedmem=req.memreq if req.memreq > 0 else d.devmem, usedcores=cu
-                )
+
+        def mem(d: Device) -> int:
+            return req.memreq if req.memreq > 0 else d.devmem
+
+        def cu(d: Device) -> int:
+            """The compute units `req.coresreq` percent of the card is (at least 1, at most all)."""
+            return min(max(d.devcore * req.coresreq // 100, 1), d.devcore)
+
+        def type_rule(d: Device, _: DeviceUsage) -> Reason | None:
+            return Reason.CARD_TYPE_MISMATCH if typed and not self.type_matches(d, selection) else None
+
+        def cores(d: Device, u: DeviceUsage) -> Reason | None:
+            return (
+                Reason.CARD_INSUFFICIENT_CORE if d.devcore <= 0 or d.devcore - u.usedcores < cu(d) else None
             )
-        return out, reasons
+
+        passing, reasons = C.scan(
+            cards, usage, selection=selection, mutex=policy.mutex, mem=mem, cores=cores, first=type_rule
+        )
+        return C.choose(
+            passing,
+            reasons,
+            req,
+            policy,
+            lambda d, _: ContainerDevice(uuid=d.uuid, type=d.type, usedmem=mem(d), usedcores=cu(d)),
+        )
 
 
 def build(config: AMDConfig, device_config: Any) -> list[AMDVendor]:

@@ -39,6 +39,7 @@ from hami.configparse import parse_section, require
 from hami.errors import ConfigError, InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import (
     AllocationContext,
@@ -282,10 +283,8 @@ class AscendVendor(C.ShareVendor):
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = container_limits(container)
-        if n.count not in limits:
-            return None
-        nums = to_count(limits[n.count], resource=C.field_name(container, n.count))
-        if nums == 0:
+        nums = C.asked_count(container, limits, n.count)
+        if nums is None:
             return None
         mem = 0
         if n.memory in limits:
@@ -387,12 +386,11 @@ class AscendVendor(C.ShareVendor):
         return out
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         sel = selection if isinstance(selection, AscendSelection) else AscendSelection()
         if sel.hami_core and cards and not all(getattr(d, "soft", False) for d in cards):
-            return None, Counter({R.MODE_NOT_FIT: 1})
+            return None, Counter({Reason.MODE_NOT_FIT: 1})
         if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+            return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
         passing, reasons = C.check_all(req, cards, usage, vendor=self, selection=sel, mutex=policy.mutex)
         ordered = [d for d, _ in C.by_policy(passing, req, policy)]
         cores = min(req.coresreq, 100)

@@ -27,8 +27,9 @@ from typing import Any
 from hami import annotations as A
 from hami import objects
 from hami.errors import InvalidRequest
-from hami.model import ContainerDevice, ContainerRequest, Device
+from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage
 from hami.quantity import parse_quantity
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import AllocationContext, MutationResult, ResourceNames, container_limits, labels
 
@@ -125,37 +126,22 @@ class AWSNeuronVendor(C.ShareVendor):
         ]  # fmt: skip
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         if req.nums > 1:
             return self._runs(req, cards, usage, selection)
-        reasons: Counter = Counter()
-        passing = []
-        for d in cards:
-            u = usage(d.uuid)
-            why = None
-            if not d.health:
-                why = R.CARD_NOT_HEALTH
-            elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
-            elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
-            elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif len(_bits(d.devcore)) - len(_bits(u.usedcores)) < req.coresreq:
-                why = R.CARD_INSUFFICIENT_CORE
-            if why is None:
-                passing.append((d, u, 0))
-            else:
-                reasons[why] += 1
-        if not passing:
-            return None, reasons
-        d, u = C.by_policy(passing, req, policy)[0]
-        free = [b for b in _bits(d.devcore) if not u.usedcores >> b & 1]
-        mask = sum(1 << b for b in free[: req.coresreq])
-        return [C.take(d, req, 0, mask)], reasons
+
+        def cores(d: Device, u: DeviceUsage) -> Reason | None:
+            short = len(_bits(d.devcore)) - len(_bits(u.usedcores)) < req.coresreq
+            return Reason.CARD_INSUFFICIENT_CORE if short else None
+
+        def device(d: Device, u: DeviceUsage) -> ContainerDevice:
+            """The card with the lowest `req.coresreq` of its free cores, as a bit mask."""
+            free = [b for b in _bits(d.devcore) if not u.usedcores >> b & 1]
+            return C.take(d, req, 0, sum(1 << b for b in free[: req.coresreq]))
+
+        passing, reasons = C.scan(cards, usage, selection=selection, mutex=policy.mutex, cores=cores)
+        return C.choose(passing, reasons, req, policy, device)
 
     def _runs(self, req, cards, usage, selection):  # noqa: ANN001, ANN202
-        R = C.fitmod.Reason
         by_index = sorted(cards, key=lambda d: d.index)
         ok = [d.health and usage(d.uuid).used == 0 and C.uuid_ok(d, selection) for d in by_index]
         inf = any("inf" in getattr(d, "instance_type", "").lower() for d in by_index)
@@ -165,7 +151,7 @@ class AWSNeuronVendor(C.ShareVendor):
             for s in starts:
                 if all(ok[s : s + n]):
                     return [C.take(d, req, 0, d.devcore) for d in by_index[s : s + n]], Counter()
-        return None, Counter({R.NUMA_NOT_FIT: 1})
+        return None, Counter({Reason.NUMA_NOT_FIT: 1})
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None

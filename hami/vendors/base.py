@@ -36,7 +36,7 @@ from hami.errors import InvalidRequest
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 
 if TYPE_CHECKING:
-    from hami.fit import Reason
+    from hami.reason_words import Reason
     from hami.scoring import PolicyChoice
 
 
@@ -350,6 +350,16 @@ def group_score(
             counts[g] = counts.get(g, 0) + 1
         total += max(counts.values()) / len(c)
     return total
+
+
+def registered(
+    node: Mapping[str, Any], key: str, decode: Callable[[str], list[Device]]
+) -> list[Device] | None:
+    """A node's inventory from its registration annotation `key`, read by `decode`; None when the node
+    has no such annotation (the vendor is not on that node). Raises what `decode` raises
+    (AnnotationError for a value it cannot read)."""
+    value = A.pod_annotations(node).get(key)
+    return None if value is None else decode(value)
 
 
 def capacity(node: Mapping[str, Any], resource: str) -> Any:

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hami import annotations as A
-from hami.model import ContainerRequest, Device
+from hami.model import Device
 from hami.vendors import common as C
+from hami.vendors.base import registered
 
 
 @dataclass(frozen=True)
@@ -40,22 +40,19 @@ class BirenVendor(C.ShareVendor):
     use_uuid_key = "birentech.com/use-gpuuuid"
     nouse_uuid_key = "birentech.com/nouse-gpuuuid"
     uses_node_lock = True
+    # Whole cards written as 0 MiB / 0 cores: percentage 0 makes the generic fit charge nothing.
+    whole_card = (0, 0, 0)
 
     def __init__(self, config: BirenConfig | None = None) -> None:
         self.config = config or BirenConfig()
         super().__init__(self.config.resourceCountName)
 
-    @C.gated
-    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
-        req = super().container_request(container)
-        # Whole cards written as 0 MiB / 0 cores: percentage 0 makes the generic fit charge nothing.
-        return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 0, 0)
-
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return [replace(d, devcore=100) for d, _ in C.decode_register_json(value, vendor=self.common_word)]
+        return registered(
+            node,
+            self.register_key,
+            lambda v: [replace(d, devcore=100) for d in C.register_json_cards(v, vendor=self.common_word)],
+        )
 
 
 def build(config: BirenConfig, device_config: Any) -> list[BirenVendor]:

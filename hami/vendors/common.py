@@ -18,9 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hami import annotations as A
+from hami import objects
+from hami.card_checks import check_card
 from hami.errors import AnnotationError
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 from hami.quantity import to_count, to_mib
+from hami.reason_words import Reason
+from hami.scoring import card_score, order_cards
 from hami.vendors.base import (
     AllocationContext,
     MutationResult,
@@ -33,21 +37,6 @@ from hami.vendors.base import (
 )
 
 _ZERO = DeviceUsage()
-
-
-class _FitModule:
-    """`hami.fit`, imported on first use: it imports the vendor package (and the config that imports
-    the vendor table), so vendor modules must not import it while they load."""
-
-    def __getattr__(self, name: str) -> Any:
-        import hami.fit
-
-        value = getattr(hami.fit, name)
-        setattr(self, name, value)
-        return value
-
-
-fitmod = _FitModule()
 
 
 _EMPTY: dict[str, Any] = {}
@@ -99,6 +88,27 @@ def capacity_count(node: Mapping[str, Any], resource: str, *, unit: str = "devic
         return to_count(value, resource=f"status.capacity[{resource}]", unit=unit)
     except ValueError as e:
         raise AnnotationError(str(e)) from None
+
+
+def capacity_cards(
+    node: Mapping[str, Any], resource: str, card: Callable[[str, int, int], Device]
+) -> list[Device] | None:
+    """The inventory of a vendor whose cards are the node's `status.capacity[resource]` (GCU, MetaX GPU,
+    Kunlunxin XPU, AWS Neuron): `card(node name, index, count)` for each index; None when the node has
+    no such capacity. Raises AnnotationError when the capacity is not a whole number."""
+    n = capacity_count(node, resource)
+    if n is None:
+        return None
+    name = objects.name(node)
+    return [card(name, i, n) for i in range(n)]
+
+
+def asked_count(container: Mapping[str, Any], limits: Mapping[str, Any], resource: str) -> int | None:
+    """How many devices `limits[resource]` asks; None when absent or 0 (the container asks nothing of
+    the vendor). Raises InvalidRequest naming the container and resource when it is not a whole number."""
+    if resource not in limits:
+        return None
+    return to_count(limits[resource], resource=field_name(container, resource)) or None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -163,6 +173,11 @@ def decode_register_json(value: str, *, vendor: str) -> list[tuple[Device, dict[
     return out
 
 
+def register_json_cards(value: str, *, vendor: str) -> list[Device]:
+    """The devices of a JSON registration, their custominfo left out (`decode_register_json`)."""
+    return [d for d, _ in decode_register_json(value, vendor=vendor)]
+
+
 # ---------------------------------------------------------------------------------------------------
 # Fit helpers for vendors with their own algorithm.
 
@@ -177,7 +192,7 @@ def check_all(
     mutex: bool,
     quota_ok: Callable[[int, int], bool] | None = None,
 ) -> tuple[list[tuple[Device, DeviceUsage, int]], Counter]:
-    """The generic per-card checks (`hami.fit.check_card`, HAMi's order) over every card.
+    """The generic per-card checks (`hami.card_checks.check_card`, HAMi's order) over every card.
 
     Returns the passing (card, usage, MiB) triples in card order and the reasons of the others.
     """
@@ -186,7 +201,7 @@ def check_all(
     for d in cards:
         u = usage(d.uuid)
         mem = req.memory_on(d)
-        r = fitmod.check_card(
+        r = check_card(
             d, u, req, mem, selection, vendor, mutex=mutex, cordoned=frozenset(), quota_ok=quota_ok
         )
         if r is None:
@@ -196,13 +211,84 @@ def check_all(
     return passing, reasons
 
 
+#: A vendor's own rule on one card with its usage: the card's reason word, or None when it passes.
+CardRule = Callable[[Device, DeviceUsage], Reason | None]
+
+
+def scan(
+    cards: Sequence[Device],
+    usage: UsageOf,
+    *,
+    selection: Selection,
+    mutex: bool,
+    mem: Callable[[Device], int] | None = None,
+    cores: CardRule | None = None,
+    first: CardRule | None = None,
+    busy: Callable[[Device, DeviceUsage], bool] | None = None,
+    unhealthy: Reason = Reason.CARD_NOT_HEALTH,
+) -> tuple[list[tuple[Device, DeviceUsage, int]], Counter]:
+    """The per-card checks of the vendors' own fits (HAMi pkg/device/<vendor> Fit), in HAMi's order:
+    health (reason `unhealthy`), the vendor's `first` rule (AMD's card type, MetaX's QoS), UUID, slots,
+    the mutex policy (a card in use, or one the vendor calls `busy`), memory (`mem(card)` MiB, where
+    the vendor counts memory) and the vendor's `cores` rule.
+
+    Returns the passing (card, usage, MiB) triples in card order (MiB 0 without `mem`) and the reasons
+    of the others.
+    """
+    passing = []
+    reasons: Counter = Counter()
+    for d in cards:
+        u = usage(d.uuid)
+        m = mem(d) if mem is not None else 0
+        why: Reason | None
+        if not d.health:
+            why = unhealthy
+        elif first is not None and (why := first(d, u)) is not None:
+            pass
+        elif not uuid_ok(d, selection):
+            why = Reason.CARD_UUID_MISMATCH
+        elif d.count <= u.used:
+            why = Reason.CARD_TIME_SLICING_EXHAUSTED
+        elif mutex and (u.used > 0 or (busy is not None and busy(d, u))):
+            why = Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        elif mem is not None and d.devmem - u.usedmem < m:
+            why = Reason.CARD_INSUFFICIENT_MEMORY
+        else:
+            why = cores(d, u) if cores is not None else None
+        if why is None:
+            passing.append((d, u, m))
+        else:
+            reasons[why] += 1
+    return passing, reasons
+
+
+def choose(
+    passing: Sequence[tuple[Device, DeviceUsage, int]],
+    reasons: Counter,
+    req: ContainerRequest,
+    policy: Any,
+    device: Callable[[Device, DeviceUsage], ContainerDevice],
+) -> tuple[list[ContainerDevice] | None, Counter]:
+    """The end of a vendor's fit: the `req.nums` passing cards the card policy prefers, each as
+    `device(card, usage)`, or the failed scan (`insufficient`) when fewer pass."""
+    if len(passing) < req.nums:
+        return insufficient(reasons, len(passing))
+    return [device(d, u) for d, u in by_policy(passing, req, policy)[: req.nums]], reasons
+
+
+def fewer_cards(req: ContainerRequest, cards: Sequence[Device]) -> tuple[None, Counter] | None:
+    """HAMi's NodeInsufficientDevice (counted once per card, at least once) when the node has fewer
+    cards than the container asks; None otherwise."""
+    if req.nums > len(cards):
+        return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+    return None
+
+
 def by_policy(passing: Sequence[tuple[Device, DeviceUsage, int]], req: ContainerRequest, policy: Any) -> list:
     """Passing cards in the card policy's preference order (binpack fullest first, spread emptiest)."""
     cores = min(req.coresreq, 100)
-    scored = [
-        (d, u, fitmod.card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing
-    ]
-    return [(d, u) for d, u, _ in fitmod.order_cards(scored, policy.cards)]
+    scored = [(d, u, card_score(d, u, mem=m, cores=cores, weights=policy.weights)) for d, u, m in passing]
+    return [(d, u) for d, u, _ in order_cards(scored, policy.cards)]
 
 
 def uuid_ok(device: Device, selection: Selection) -> bool:
@@ -219,7 +305,7 @@ def take(d: Device, req: ContainerRequest, mem: int, cores: int) -> ContainerDev
 def insufficient(reasons: Counter, found: int) -> tuple[None, Counter]:
     """A failed scan: `found` fitting cards were too few (HAMi AllocatedCardsInsufficientRequest)."""
     if found:
-        reasons[fitmod.Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += found
+        reasons[Reason.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += found
     return None, reasons
 
 
@@ -251,7 +337,8 @@ class ShareVendor(VendorBase):
 
     Subclasses set the constants: `common_word`, keys, `use_uuid_key`/`nouse_uuid_key`,
     `memory_unit_mib` (256 for Cambricon/Iluvatar, 512 for Moore Threads), `default_cores`
-    (100 = exclusive unless asked, 0 = share compute) and `quota_memory_factor`.
+    (100 = exclusive unless asked, 0 = share compute) and `quota_memory_factor`; a vendor whose
+    containers ask whole cards by count alone sets `whole_card`.
     """
 
     use_uuid_key = ""
@@ -259,6 +346,10 @@ class ShareVendor(VendorBase):
     memory_unit_mib = 1
     default_cores = 100
     quota_memory_factor = 1
+    #: (MiB, memory percent, cores percent) of the request each asked card stands for, for vendors
+    #: whose containers ask whole cards by count alone (GCU, MetaX GPU, Kunlunxin, Biren, Vastai);
+    #: None = read the memory and cores resources.
+    whole_card: tuple[int, int, int] | None = None
 
     def __init__(self, count: str, memory: str | None = None, cores: str | None = None) -> None:
         self._names = ResourceNames(
@@ -295,11 +386,11 @@ class ShareVendor(VendorBase):
         percent (absent = `default_cores`). Raises InvalidRequest for quantities that are not whole."""
         n = self._names
         limits = self.read_limits(container)
-        if n.count not in limits:
+        nums = asked_count(container, limits, n.count)
+        if nums is None:
             return None
-        nums = to_count(limits[n.count], resource=field_name(container, n.count))
-        if nums == 0:
-            return None
+        if self.whole_card is not None:
+            return ContainerRequest(self.common_word, nums, *self.whole_card)
         memreq = 0
         if n.memory and n.memory in limits:
             memreq = to_mib(
@@ -347,9 +438,8 @@ def same_card_fit(
     earlier container of the pod (same phase) must be this card, so containers can share one card
     only; a container's own several cards are not checked against each other. A card failing only
     this rule counts as CardNotFoundCustomFilterRule (the last check, as in HAMi)."""
-    Reason = fitmod.Reason
-    if req.nums > len(cards):
-        return None, Counter({Reason.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+    if (short := fewer_cards(req, cards)) is not None:
+        return short
     taken = {cd.uuid for c in earlier for cd in c}
     passing, reasons = check_all(
         req, cards, usage, vendor=vendor, selection=selection, mutex=policy.mutex, quota_ok=quota_ok
@@ -358,9 +448,5 @@ def same_card_fit(
         kept = [p for p in passing if taken == {p[0].uuid}]
         reasons[Reason.CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += len(passing) - len(kept)
         passing = kept
-    if len(passing) < req.nums:
-        return insufficient(reasons, len(passing))
     cores = min(req.coresreq, 100)
-    return [
-        take(d, req, req.memory_on(d), cores) for d, _ in by_policy(passing, req, policy)[: req.nums]
-    ], reasons
+    return choose(passing, reasons, req, policy, lambda d, _: take(d, req, req.memory_on(d), cores))

@@ -31,8 +31,9 @@ from typing import Any
 from hami import annotations as A
 from hami import objects
 from hami.errors import AnnotationError, InvalidRequest
-from hami.model import ContainerDevice, ContainerRequest, Device
+from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage
 from hami.quantity import INT32_MAX, to_count, to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import AllocationContext, MutationResult, ResourceNames, container_limits
 
@@ -82,46 +83,36 @@ class GCUVendor(C.ShareVendor):
     to_allocate_key = "hami.io/enflame-gcu-devices-to-allocate"
     allocated_key = "hami.io/enflame-gcu-devices-allocated"
     custom_fit = True
+    whole_card = (100, 100, 100)
 
     def __init__(self, config: EnflameConfig | None = None) -> None:
         self.config = c = config or EnflameConfig()
         super().__init__(c.resourceNameGCU)
         self.node_capacity_keys = (c.resourceNameGCU,)
 
-    @C.gated
-    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
-        req = super().container_request(container)
-        return None if req is None else ContainerRequest(self.common_word, req.nums, 100, 100, 100)
-
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        n = C.capacity_count(node, self._names.count)
-        if n is None:
-            return None
-        name = objects.name(node)
-        return [
-            Device(
+        return C.capacity_cards(
+            node,
+            self._names.count,
+            lambda name, i, _: Device(
                 uuid=f"{name}-GCU-{i}", index=i, count=1, devmem=100, devcore=100, type="GCU", vendor="GCU"
-            )
-            for i in range(n)
-        ]
+            ),
+        )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
-        if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+        if (short := C.fewer_cards(req, cards)) is not None:
+            return short
         reasons: Counter = Counter()
         passing = []
         for d in cards:
             u = usage(d.uuid)
             if not d.health:
-                reasons[R.CARD_NOT_HEALTH] += 1
+                reasons[Reason.CARD_NOT_HEALTH] += 1
             elif u.used > 0:
-                reasons[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                reasons[Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
             else:
                 passing.append((d, u, 100))
-        if len(passing) < req.nums:
-            return C.insufficient(reasons, len(passing))
-        return [C.take(d, req, 100, 100) for d, _ in C.by_policy(passing, req, policy)[: req.nums]], reasons
+        return C.choose(passing, reasons, req, policy, lambda d, _: C.take(d, req, 100, 100))
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,40 +306,24 @@ class DRSVendor(C.ShareVendor):
         )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         profiles = next((d.profiles for d in cards if isinstance(d, DRSDevice)), ())
         prof = self.pick_profile(req, profiles)
         if prof is None or prof.mem_gb <= 0:
             # HAMi: no profile, or a profile whose memory is out of range (its name's "<M>gb" part
             # unreadable, read as 0) -> ModeNotFit; a partition of 0 MiB is never placed.
-            return None, Counter({R.MODE_NOT_FIT: 1})
+            return None, Counter({Reason.MODE_NOT_FIT: 1})
         mem = prof.mem_gb * 1024
-        reasons: Counter = Counter()
-        passing = []
-        for d in cards:
-            u = usage(d.uuid)
-            why = None
-            if not d.health:
-                why = R.CARD_NOT_HEALTH
-            elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
-            elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
-            elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif d.devmem - u.usedmem < mem:
-                why = R.CARD_INSUFFICIENT_MEMORY
-            elif d.devcore > 0 and d.devcore - u.usedcores < prof.cores:
-                why = R.CARD_INSUFFICIENT_CORE
-            if why is None:
-                passing.append((d, u, mem))
-            else:
-                reasons[why] += 1
-        if not passing:
-            return C.insufficient(reasons, 0)
+
+        def cores(d: Device, u: DeviceUsage) -> Reason | None:
+            short = d.devcore > 0 and d.devcore - u.usedcores < prof.cores
+            return Reason.CARD_INSUFFICIENT_CORE if short else None
+
+        passing, reasons = C.scan(
+            cards, usage, selection=selection, mutex=policy.mutex, mem=lambda _: mem, cores=cores
+        )
+        # One partition per container, whatever the count: the policy orders the cards for one.
         scored = ContainerRequest(req.vendor, 1, mem, 0, prof.cores)
-        d, _ = C.by_policy(passing, scored, policy)[0]
-        return [C.take(d, req, mem, prof.cores)], reasons
+        return C.choose(passing, reasons, scored, policy, lambda d, _: C.take(d, req, mem, prof.cores))
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None

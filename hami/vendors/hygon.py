@@ -14,12 +14,14 @@ from hami import annotations as A
 from hami.configparse import require
 from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_count, to_mib, to_percent
+from hami.registration import decode_node_devices_colon
 from hami.vendors.base import (
     AllocationContext,
     MutationResult,
     ResourceNames,
     VendorBase,
     container_limits,
+    registered,
     split_list,
 )
 
@@ -111,10 +113,9 @@ class HygonVendor(VendorBase):
         return not any(u.lower() in t for u in selection.nouse_types)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return A.decode_node_devices_colon(value, vendor=self.common_word)
+        return registered(
+            node, self.register_key, lambda v: decode_node_devices_colon(v, vendor=self.common_word)
+        )
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hami import annotations as A
 from hami.configparse import parse_section
 from hami.errors import ConfigError
 from hami.model import Device
 from hami.quantity import to_count
-from hami.vendors.base import MutationResult
+from hami.registration import decode_node_devices_colon
+from hami.vendors.base import MutationResult, registered
 from hami.vendors.common import ShareVendor, field_name, in_limits
 
 ENV_CONTAINER_NAME = "SOL_CONTINER_NAME"  # sic: read by Iluvatar's libvgpu-control.so
@@ -105,10 +105,9 @@ class IluvatarVendor(ShareVendor):
         )
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return A.decode_node_devices_colon(value, vendor=self.common_word)
+        return registered(
+            node, self.register_key, lambda v: decode_node_devices_colon(v, vendor=self.common_word)
+        )
 
     def mutate_container(self, container: dict[str, Any], *, pod: dict[str, Any]) -> MutationResult:
         """Count in limits: several cards become whole cards (`vCore` = 100 x count, HAMi overwrites a

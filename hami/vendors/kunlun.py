@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as A
-from hami import objects
 from hami.model import ContainerDevice, ContainerRequest, Device, Selection
 from hami.quantity import to_mib
+from hami.reason_words import Reason
 from hami.vendors import common as C
-from hami.vendors.base import AllocationContext, MutationResult, container_limits, split_list
+from hami.vendors.base import AllocationContext, MutationResult, container_limits, registered, split_list
 
 FULL_MIB = 98304
 TEMPLATES = (24576, 49152, FULL_MIB)
@@ -129,7 +129,6 @@ def board_fit(
     usage: Any = None,
 ) -> tuple[list[ContainerDevice] | None, Counter]:
     """Shared board fit: `fits(card)` says whether a card can take one share."""
-    R = C.fitmod.Reason
     by_index = {d.index: d for d in cards}
     free, uuid_miss, mutex_miss = set(), 0, 0
     for d in cards:
@@ -143,10 +142,10 @@ def board_fit(
     chosen = board_select(free, req.nums)
     if chosen is None:
         if mutex_miss:
-            return None, Counter({R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT: mutex_miss})
+            return None, Counter({Reason.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT: mutex_miss})
         if uuid_miss:
-            return None, Counter({R.CARD_UUID_MISMATCH: uuid_miss})
-        return None, Counter({R.NUMA_NOT_FIT: 1})
+            return None, Counter({Reason.CARD_UUID_MISMATCH: uuid_miss})
+        return None, Counter({Reason.NUMA_NOT_FIT: 1})
     return [C.take(by_index[i], req, mem if mem else by_index[i].devmem, cores if cores else by_index[i].devcore)
             for i in chosen], Counter()  # fmt: skip
 
@@ -155,6 +154,7 @@ class KunlunVendor(C.ShareVendor):
     common_word = "kunlun"
     allocated_key = "hami.io/kunlun-allocated"
     custom_fit = True
+    whole_card = (0, 100, 0)
 
     def __init__(self, config: KunlunConfig | None = None) -> None:
         self.config = c = config or KunlunConfig()
@@ -170,21 +170,11 @@ class KunlunVendor(C.ShareVendor):
     def selection(self, annotations: Mapping[str, str]) -> Selection:
         return xpu_selection(annotations)
 
-    @C.gated
-    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
-        req = super().container_request(container)
-        return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 100, 0)
-
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        n = C.capacity_count(node, self._names.count)
-        if n is None:
-            return None
-        name = objects.name(node)
-        return [
-            Device(uuid=f"{name}-kunlun-{i}", index=i, count=100, devmem=FULL_MIB, devcore=100, type="kunlun",
-                   numa=1 if i >= n // 2 else 0, vendor="kunlun")
-            for i in range(n)
-        ]  # fmt: skip
+        return C.capacity_cards(node, self._names.count, lambda name, i, n: Device(
+            uuid=f"{name}-kunlun-{i}", index=i, count=100, devmem=FULL_MIB, devcore=100, type="kunlun",
+            numa=1 if i >= n // 2 else 0, vendor="kunlun",
+        ))  # fmt: skip
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         return board_fit(req, cards, lambda d: d.health and usage(d.uuid).used == 0, selection, 0, 0)
@@ -235,10 +225,9 @@ class XPUVendor(C.ShareVendor):
         return ContainerRequest(self.common_word, req.nums, FULL_MIB, 100, 100)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return [d for d, _ in C.decode_register_json(value, vendor=self.common_word)]
+        return registered(
+            node, self.register_key, lambda v: C.register_json_cards(v, vendor=self.common_word)
+        )
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         def fits(d: Device) -> bool:

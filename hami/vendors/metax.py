@@ -28,16 +28,16 @@ policy; HAMi's in-memory "expected QoS" cache is not kept (the QoS the plugin re
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as A
-from hami import objects
+from hami.card_checks import core_reason
 from hami.errors import AnnotationError, InvalidRequest
-from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, Selection
+from hami.model import PERCENTAGE_UNSET, ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
 from hami.quantity import INT32_MAX, MIB, parse_quantity, to_count
+from hami.reason_words import Reason
 from hami.vendors import common as C
 from hami.vendors.base import AllocationContext, MutationResult, split_list
 
@@ -113,32 +113,23 @@ class MetaxGPUVendor(C.ShareVendor):
     custom_fit = True
     scores_nodes = True
     node_annotation_keys = (TOPOLOGY_LOSSES, TOPOLOGY_SCORES)
+    whole_card = (0, 100, 100)
 
     def __init__(self, config: MetaxConfig | None = None) -> None:
         self.config = c = config or MetaxConfig()
         super().__init__(c.resourceCountName)
         self.node_capacity_keys = (c.resourceCountName,)
 
-    @C.gated
-    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
-        req = super().container_request(container)
-        return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 100, 100)
-
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        n = C.capacity_count(node, self._names.count)
-        if n is None:
-            return None
-        name = objects.name(node)
         annos = A.pod_annotations(node)
         losses, scores = (
             topology_table(annos.get(TOPOLOGY_LOSSES)),
             topology_table(annos.get(TOPOLOGY_SCORES)),
         )
-        return [
-            MetaxGPUDevice(uuid=f"{name}-metax-{i}", index=i, count=1, devmem=GPU_MEMORY_MIB, devcore=100,
-                           type=self.common_word, vendor=self.common_word, losses=losses, scores=scores)
-            for i in range(n)
-        ]  # fmt: skip
+        return C.capacity_cards(node, self._names.count, lambda name, i, _: MetaxGPUDevice(
+            uuid=f"{name}-metax-{i}", index=i, count=1, devmem=GPU_MEMORY_MIB, devcore=100,
+            type=self.common_word, vendor=self.common_word, losses=losses, scores=scores,
+        ))  # fmt: skip
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
         return C.same_card_fit(
@@ -200,10 +191,8 @@ class MetaxSGPUVendor(C.ShareVendor):
     def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
         n = self._names
         limits = C.limits_only(container)
-        if n.count not in limits:
-            return None
-        nums = to_count(limits[n.count], resource=C.field_name(container, n.count))
-        if nums == 0:
+        nums = C.asked_count(container, limits, n.count)
+        if nums is None:
             return None
         mem = 0
         if n.memory in limits:
@@ -260,43 +249,29 @@ class MetaxSGPUVendor(C.ShareVendor):
         return out
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
         sel = selection if isinstance(selection, SGPUSelection) else SGPUSelection()
         online = sel.app_class == "online"
-        reasons: Counter = Counter()
-        passing = []
-        for d in cards:
-            u = usage(d.uuid)
-            mem = req.memory_on(d)
-            why = None
-            if not d.health:
-                why = R.CARD_UNHEALTHY
-            elif (
+
+        def qos(d: Device, u: DeviceUsage) -> Reason | None:
+            clash = (
                 not online
                 and u.used > 0
                 and req.coresreq != 100
                 and getattr(d, "qos", "") not in ("", sel.qos)
-            ):
-                why = R.CARD_QOS_POLICY_MISMATCH
-            elif not C.uuid_ok(d, sel):
-                why = R.CARD_UUID_MISMATCH
-            elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
-            elif policy.mutex and u.used > 0:
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            elif d.devmem - u.usedmem < mem:
-                why = R.CARD_INSUFFICIENT_MEMORY
-            elif not online:
-                why = C.fitmod.core_reason(d.devcore, u.usedcores, u.used, req.coresreq)
-            if why is None:
-                passing.append((d, u, mem))
-            else:
-                reasons[why] += 1
-        if len(passing) < req.nums:
-            return C.insufficient(reasons, len(passing))
-        cores = 0 if online else req.coresreq
-        chosen = C.by_policy(passing, req, policy)[: req.nums]
-        return [C.take(d, req, req.memory_on(d), cores) for d, _ in chosen], reasons
+            )
+            return Reason.CARD_QOS_POLICY_MISMATCH if clash else None
+
+        def cores(d: Device, u: DeviceUsage) -> Reason | None:
+            return None if online else core_reason(d.devcore, u.usedcores, u.used, req.coresreq)
+
+        passing, reasons = C.scan(
+            cards, usage, selection=sel, mutex=policy.mutex, mem=req.memory_on, cores=cores, first=qos,
+            unhealthy=Reason.CARD_UNHEALTHY,
+        )  # fmt: skip
+        used_cores = 0 if online else req.coresreq
+        return C.choose(
+            passing, reasons, req, policy, lambda d, _: C.take(d, req, req.memory_on(d), used_cores)
+        )
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None

@@ -80,10 +80,8 @@ class MthreadsVendor(C.ShareVendor):
         """Per card: memory `units x 512 / nums` MiB, cores `cores / nums` (integer division, HAMi)."""
         n = self._names
         limits = container_limits(container)
-        if n.count not in limits:
-            return None
-        nums = to_count(limits[n.count], resource=C.field_name(container, n.count))
-        if nums == 0:
+        nums = C.asked_count(container, limits, n.count)
+        if nums is None:
             return None
         mem = 0
         if n.memory in limits:

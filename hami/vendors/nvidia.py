@@ -33,6 +33,7 @@ from hami.model import (
     Selection,
 )
 from hami.quantity import to_count, to_mib, to_percent
+from hami.registration import decode_node_devices_json
 from hami.vendors import nvidia_mig
 from hami.vendors.base import (
     AllocationContext,
@@ -40,6 +41,7 @@ from hami.vendors.base import (
     ResourceNames,
     VendorBase,
     container_limits,
+    registered,
     set_env,
     split_list,
 )
@@ -365,10 +367,9 @@ class NvidiaVendor(VendorBase):
     # -- registration / allocation --------------------------------------------------------------
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
-        value = A.pod_annotations(node).get(self.register_key)
-        if value is None:
-            return None
-        return A.decode_node_devices_json(value, vendor=self.common_word)
+        return registered(
+            node, self.register_key, lambda v: decode_node_devices_json(v, vendor=self.common_word)
+        )
 
     def allocation_annotations(
         self, containers: Sequence[Sequence[ContainerDevice]], *, context: AllocationContext | None = None

@@ -13,13 +13,12 @@ Difference from HAMi: groups of equal size are taken in card-name order (HAMi: G
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hami import annotations as A
-from hami.model import ContainerRequest, Device
+from hami.model import Device
 from hami.vendors import common as C
 from hami.vendors.base import group_score
 
@@ -52,15 +51,11 @@ class VastaiVendor(C.ShareVendor):
     uses_node_lock = True
     custom_fit = True
     scores_nodes = True
+    whole_card = (0, 0, 0)
 
     def __init__(self, config: VastaiConfig | None = None) -> None:
         self.config = config or VastaiConfig()
         super().__init__(self.config.resourceCountName)
-
-    @C.gated
-    def container_request(self, container: Mapping[str, Any]) -> ContainerRequest | None:
-        req = super().container_request(container)
-        return None if req is None else ContainerRequest(self.common_word, req.nums, 0, 0, 0)
 
     def node_devices(self, node: Mapping[str, Any]) -> list[Device] | None:
         value = A.pod_annotations(node).get(self.register_key)
@@ -87,28 +82,18 @@ class VastaiVendor(C.ShareVendor):
         return out
 
     def fit_cards(self, req, cards, usage, *, selection, policy, earlier, quota_ok):  # noqa: ANN001, ANN201
-        R = C.fitmod.Reason
-        if req.nums > len(cards):
-            return None, Counter({R.NODE_INSUFFICIENT_DEVICE: len(cards) or 1})
+        if (short := C.fewer_cards(req, cards)) is not None:
+            return short
         die = bool(cards) and getattr(cards[0], "strategy", "") == "die"
         busy_aic = {getattr(d, "aic", "") for d in cards if usage(d.uuid).used > 0} if die else set()
-        reasons: Counter = Counter()
-        passing = []
-        for d in cards:
-            u = usage(d.uuid)
-            why = None
-            if not d.health:
-                why = R.CARD_NOT_HEALTH
-            elif not C.uuid_ok(d, selection):
-                why = R.CARD_UUID_MISMATCH
-            elif d.count <= u.used:
-                why = R.CARD_TIME_SLICING_EXHAUSTED
-            elif policy.mutex and (u.used > 0 or (die and getattr(d, "aic", "") in busy_aic)):
-                why = R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
-            if why is None:
-                passing.append((d, u, 0))
-            else:
-                reasons[why] += 1
+        passing, reasons = C.scan(
+            cards,
+            usage,
+            selection=selection,
+            mutex=policy.mutex,
+            # In die mode the mutex policy also refuses a die whose AIC has a die in use.
+            busy=lambda d, _: die and getattr(d, "aic", "") in busy_aic,
+        )
         if len(passing) < req.nums:
             return C.insufficient(reasons, len(passing))
         ordered = [d for d, _ in C.by_policy(passing, req, policy)]

@@ -45,7 +45,8 @@ prints its URL; the same hooks are then reachable over HTTP under ``/_fake/`` (s
 
 Modules, one concern each: `server` (thread, lifecycle, command line), `routes` (HTTP paths and
 verbs), `admission` (users, webhooks, policies), `faults`, `resources` (the served resources), `status` (Status errors), `validation`,
-`store` (tables, resourceVersions, reads, watch registration), `writes` (the write verbs), `watchers`,
+`store` (resourceVersions, reads, watch registration), `table` (one resource's objects, event history
+and watcher queues), `writes` (the write verbs), `watchers` (the watch stream),
 `patches` (the three patch formats), `selectors` (label and field selectors).
 """
 

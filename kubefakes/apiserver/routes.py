@@ -36,7 +36,7 @@ from kubefakes.apiserver.status import (
     status_body,
     status_details,
 )
-from kubefakes.apiserver.store import Table
+from kubefakes.apiserver.table import Table
 from kubefakes.apiserver.watchers import ABORT_WATCH, CLOSE_WATCH, serve_watch, truthy
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import asyncio
 import bisect
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubefakes.apiserver.patches import (
@@ -20,7 +20,6 @@ from kubefakes.apiserver.patches import (
 from kubefakes.apiserver.resources import (
     MERGE_PATCH,
     RESOURCES,
-    ResourceInfo,
     object_meta,
     with_type,
 )
@@ -35,52 +34,8 @@ from kubefakes.apiserver.status import (
     not_found,
     status_body,
 )
-from kubefakes.apiserver.watchers import Event, Watcher
+from kubefakes.apiserver.table import Event, Table, Watcher
 from kubefakes.apiserver.writes import StoreWrites
-
-
-class Table:
-    def __init__(self, info: ResourceInfo) -> None:
-        self.info = info
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {}  # namespace ("" if cluster) -> name -> obj
-        self.by_node: dict[str, dict[tuple[str, str], None]] = {}  # pods only: spec.nodeName -> keys
-        self.history: list[Event] = []
-        self.compacted_rv = 0
-        self.watchers: set[Watcher] = set()
-        self.pending = 0  # events committed from other threads, not yet offered to watchers
-
-    def get(self, ns: str, name: str) -> dict[str, Any] | None:
-        bucket = self.objects.get(ns)
-        return bucket.get(name) if bucket else None
-
-    def put(self, ns: str, name: str, obj: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-        if obj is None:
-            bucket = self.objects.get(ns)
-            if bucket is not None:
-                bucket.pop(name, None)
-                if not bucket:
-                    del self.objects[ns]
-        else:
-            self.objects.setdefault(ns, {})[name] = obj
-        if self.info.plural == "pods":
-            old_node = ((old or {}).get("spec") or {}).get("nodeName") or ""
-            new_node = ((obj or {}).get("spec") or {}).get("nodeName") or ""
-            if old is not None and (obj is None or old_node != new_node):
-                keys = self.by_node.get(old_node)
-                if keys is not None:
-                    keys.pop((ns, name), None)
-                    if not keys:
-                        del self.by_node[old_node]
-            if obj is not None:
-                self.by_node.setdefault(new_node, {})[(ns, name)] = None
-
-    def iter_objects(self, ns: str | None) -> Iterable[dict[str, Any]]:
-        if ns is not None:
-            return list(self.objects.get(ns, {}).values())
-        return [o for bucket in self.objects.values() for o in bucket.values()]
-
-    def count(self) -> int:
-        return sum(len(b) for b in self.objects.values())
 
 
 class Store(StoreWrites):

@@ -44,7 +44,7 @@ from kubefakes.apiserver.validation import (
 )
 
 if TYPE_CHECKING:
-    from kubefakes.apiserver.store import Table
+    from kubefakes.apiserver.table import Table
 
 
 def _now_rfc3339() -> str:

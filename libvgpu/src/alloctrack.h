@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 /* Kinds of handle: the same number may be a pointer and an array handle. */
-enum { K_PTR = 1, K_ARRAY = 2, K_MIPMAP = 3, K_VMM = 4, K_EXTMEM = 5 };
+enum { K_PTR = 1, K_ARRAY = 2, K_MIPMAP = 3, K_VMM = 4, K_EXTMEM = 5, K_IPC = 6 };
 typedef struct track {
     uint64_t key;
     int kind, rdev;

@@ -24,9 +24,16 @@
 
 /* ---------------- the mounted config file ---------------- */
 
-/* Why the file sits next to the library: the device plugin mounts libvgpu.so and
- * /etc/ld.so.preload into the container, so every process loads the library from a path
- * the plugin chose - whatever its environment. The file is mounted read-only beside it. */
+/* Where the file is: beside the libvgpu.so that the preload list names. The device plugin mounts
+ * libvgpu.so, the file beside it and /etc/ld.so.preload (naming that libvgpu.so) read-only into the
+ * container, so every process finds the plugin's file whatever its environment. Not beside this
+ * copy of the library: a tenant that copies libvgpu.so next to a file of its own and names the copy
+ * in LD_PRELOAD would be read first by the loader and bring its own limits. Only where the preload
+ * list names no libvgpu.so (a node without the device plugin, a test) is the library's own
+ * directory used. No environment variable names the file. */
+#ifndef VGPU_PRELOAD_LIST /* the test harness builds a copy that reads ./ld.so.preload (Makefile) */
+#define VGPU_PRELOAD_LIST "/etc/ld.so.preload"
+#endif
 #define CONFIG_NAME "vgpu.config"
 #define CONFIG_MAGIC "vgpu-config"
 #define CONFIG_MAJOR 1
@@ -47,7 +54,7 @@ static int known_name(const char *n) {
     static const char *const exact[] = {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_TASK_PRIORITY",
                                         "GPU_CORE_UTILIZATION_POLICY", "LIBVGPU_CARD_DIR",
                                         "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR"};
+                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR", "CUDA_DISABLE_CONTROL"};
     for (unsigned i = 0; i < sizeof exact / sizeof exact[0]; i++)
         if (!strcmp(n, exact[i])) return 1;
     static const char *const indexed[] = {"CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"};
@@ -146,12 +153,37 @@ bad:
     return -1;
 }
 
+/* The directory of the first absolute ".../libvgpu.so" in the preload list (ld.so's syntax: names
+ * separated by white space or ':'); 0, or -1 when the list is absent or names none. */
+static int preloaded_dir(char *out, size_t n) {
+    int fd = open(VGPU_PRELOAD_LIST, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    char buf[4097];
+    ssize_t len = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (len <= 0) return -1;
+    buf[len] = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, " \t\r\n:", &save); t; t = strtok_r(NULL, " \t\r\n:", &save)) {
+        const char *slash = strrchr(t, '/');
+        if (t[0] != '/' || strcmp(slash + 1, "libvgpu.so") || (size_t)(slash - t) >= n) continue;
+        snprintf(out, n, "%.*s", (int)(slash - t), t);
+        return 0;
+    }
+    return -1;
+}
+
 static void load_config(void) {
+    char dir[sizeof config_file - sizeof CONFIG_NAME - 1];
     Dl_info info;
-    if (!dladdr((void *)vgpu_getenv, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) return;
-    const char *slash = strrchr(info.dli_fname, '/');
-    snprintf(config_file, sizeof config_file, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
-             CONFIG_NAME);
+    if (preloaded_dir(dir, sizeof dir) == 0) {
+        snprintf(config_file, sizeof config_file, "%s/%s", dir, CONFIG_NAME);
+    } else {
+        if (!dladdr((void *)vgpu_getenv, &info) || !info.dli_fname || !strchr(info.dli_fname, '/')) return;
+        const char *slash = strrchr(info.dli_fname, '/');
+        snprintf(config_file, sizeof config_file, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname,
+                 CONFIG_NAME);
+    }
     int fd = open(config_file, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         if (errno != ENOENT) {
@@ -202,19 +234,46 @@ static const char *file_value(const char *name) {
     return NULL;
 }
 
+/* Where the file exists (read or not), it is the authority for every name it may carry: the
+ * environment is the tenant's, the file the device plugin's. */
+static int file_rules(const char *name) { return vgpu_config_state() != VGPU_CONFIG_NONE && known_name(name); }
+
+/* One warning per name when the environment says something the file overrules. */
+static void note_overruled(const char *name, const char *used) {
+    static char warned[16][CONFIG_MAX_NAME];
+    static int nwarned;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    const char *e = getenv(name);
+    if (!e || (used && !strcmp(e, used))) return;
+    pthread_mutex_lock(&mu);
+    int seen = 0;
+    for (int i = 0; i < nwarned; i++) if (!strcmp(warned[i], name)) seen = 1;
+    if (!seen && nwarned < 16) snprintf(warned[nwarned++], CONFIG_MAX_NAME, "%s", name);
+    pthread_mutex_unlock(&mu);
+    if (!seen)
+        VLOG(VLOG_WARN, "%s='%s' in the environment is ignored: the config file %s is the authority (%s%s%s)",
+             name, e, config_file, used ? "it says '" : "default", used ? used : "", used ? "'" : "");
+}
+
 const char *vgpu_getenv(const char *name) {
-    const char *v = getenv(name);
-    return v ? v : file_value(name);
+    if (!file_rules(name)) return getenv(name);
+    const char *v = file_value(name);
+    note_overruled(name, v);
+    return v;
 }
 
 extern char **environ;
 int vgpu_config_has_prefix(const char *prefix) {
     size_t l = strlen(prefix);
+    int state = vgpu_config_state();
+    if (state == VGPU_CONFIG_BROKEN) return 1; /* the limits fail closed: one applies */
+    if (state == VGPU_CONFIG_OK) {
+        for (int i = 0; i < nentries; i++)
+            if (!strncmp(entries[i].name, prefix, l)) return 1;
+        return 0;
+    }
     for (char **e = environ; e && *e; e++)
         if (!strncmp(*e, prefix, l)) return 1;
-    if (vgpu_config_state() != VGPU_CONFIG_OK) return 0;
-    for (int i = 0; i < nentries; i++)
-        if (!strncmp(entries[i].name, prefix, l)) return 1;
     return 0;
 }
 
@@ -264,20 +323,57 @@ int vgpu_parse_percent(const char *s, uint32_t *out) {
     return 0;
 }
 
-/* Returns the value of NAME_<i>, else NAME - from the environment, else from the config file -
- * or NULL; *which names the variable used. The environment as a whole comes first, so a
- * container's own NAME is not overridden by the file's NAME_<i>. */
-static const char *env_for(const char *base, int phys, char *which, size_t wn) {
+/* Returns the value of NAME_<i>, else NAME, from the config file where it exists, else from the
+ * environment, or NULL; *which names the variable used. */
+static const char *source_for(const char *base, int phys, int from_file, char *which, size_t wn) {
     char name[96];
     snprintf(name, sizeof name, "%s_%d", base, phys);
-    const char *(*const sources[2])(const char *) = {env_value, file_value};
-    for (int src = 0; src < 2; src++) {
-        const char *v = sources[src](name);
-        if (v) { snprintf(which, wn, "%s", name); return v; }
-        v = sources[src](base);
-        if (v) { snprintf(which, wn, "%s", base); return v; }
-    }
+    const char *(*src)(const char *) = from_file ? file_value : env_value;
+    const char *v = src(name);
+    if (v) { snprintf(which, wn, "%s", name); return v; }
+    v = src(base);
+    if (v) { snprintf(which, wn, "%s", base); return v; }
     return NULL;
+}
+
+static const char *env_for(const char *base, int phys, char *which, size_t wn) {
+    return source_for(base, phys, vgpu_config_state() != VGPU_CONFIG_NONE, which, wn);
+}
+
+/* Reads a memory limit value (logging why it fails closed, unless `quiet`). */
+static uint64_t size_or_zero(const char *v, const char *which, int phys, int quiet) {
+    uint64_t bytes;
+    if (vgpu_parse_size(v, &bytes) != 0) {
+        if (!quiet)
+            VLOG(VLOG_ERROR,
+                 "%s='%s' is malformed (accepted: <n> bytes, <n>k, <n>m, <n>g, <n>t, <n>Ki/Mi/Gi/Ti); "
+                 "device %d memory limit set to 0 (fail closed)", which, v, phys);
+        return 0;
+    }
+    if (bytes == 0 && !quiet)
+        VLOG(VLOG_ERROR, "%s='%s' is zero, which is not 'unlimited' (omit the variable for no limit); "
+             "device %d memory limit set to 0 (fail closed)", which, v, phys);
+    return bytes;
+}
+
+uint64_t vgpu_mem_cap_for(int phys) {
+    if (vgpu_config_state() == VGPU_CONFIG_NONE) return VGPU_UNLIMITED;
+    char which[96];
+    const char *f = source_for("CUDA_DEVICE_MEMORY_LIMIT", phys, 1, which, sizeof which);
+    uint64_t cap = f ? size_or_zero(f, which, phys, 1) : 0; /* logged by vgpu_mem_limit_for */
+    const char *e = source_for("CUDA_DEVICE_MEMORY_LIMIT", phys, 0, which, sizeof which);
+    if (!e) return cap;
+    uint64_t mine = size_or_zero(e, which, phys, 0);
+    if (mine < cap) {
+        VLOG(VLOG_INFO, "%s='%s' lowers this process's device %d memory limit to %llu bytes", which, e, phys,
+             (unsigned long long)mine);
+        return mine;
+    }
+    if (mine > cap)
+        VLOG(VLOG_WARN, "%s='%s' in the environment is ignored: the config file %s sets device %d's limit to "
+             "%llu bytes, and the environment may only lower it", which, e, config_file, phys,
+             (unsigned long long)cap);
+    return cap;
 }
 
 uint64_t vgpu_mem_limit_for(int phys) {
@@ -296,22 +392,14 @@ uint64_t vgpu_mem_limit_for(int phys) {
                  "device memory is NOT limited for this process", *config_file ? " at " : "", config_file);
         return VGPU_UNLIMITED;
     }
-    uint64_t bytes;
-    if (vgpu_parse_size(v, &bytes) != 0) {
-        VLOG(VLOG_ERROR,
-             "%s='%s' is malformed (accepted: <n> bytes, <n>k, <n>m, <n>g, <n>t, <n>Ki/Mi/Gi/Ti); "
-             "device %d memory limit set to 0 (fail closed)", which, v, phys);
-        return 0;
-    }
-    if (bytes == 0)
-        VLOG(VLOG_ERROR, "%s='%s' is zero, which is not 'unlimited' (omit the variable for no limit); "
-             "device %d memory limit set to 0 (fail closed)", which, v, phys);
-    return bytes;
+    return size_or_zero(v, which, phys, 0);
 }
 
 uint32_t vgpu_sm_limit_for(int phys) {
-    char which[96];
+    char which[96], envname[96];
     const char *v = env_for("CUDA_DEVICE_SM_LIMIT", phys, which, sizeof which);
+    if (vgpu_config_state() != VGPU_CONFIG_NONE && source_for("CUDA_DEVICE_SM_LIMIT", phys, 0, envname, sizeof envname))
+        note_overruled(envname, v); /* the share is the container's, paced in its region */
     if (!v && vgpu_config_state() == VGPU_CONFIG_BROKEN) return 1;
     if (!v) return 100;
     uint32_t pct;

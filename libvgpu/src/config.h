@@ -1,10 +1,11 @@
 /*
  * config.h - the limits contract between the device plugin and libvgpu (config.c).
  *
- * Every control variable is read from the environment first (HAMi compatibility), then from
- * the read-only config file the device plugin mounts next to the library
- * (<directory of libvgpu.so>/vgpu.config), so a process started with a scrubbed environment
- * (env -i, sshd, cron, supervisors) stays limited. File format: docs/libvgpu.md.
+ * Where the device plugin's read-only config file exists (vgpu.config beside the libvgpu.so that
+ * /etc/ld.so.preload names), it is the authority for every control variable it may carry: limits,
+ * the control switch, the region path, the priority. The environment is the tenant's and may only
+ * lower this process's memory limit. Where no file exists, the environment is read as HAMi-core
+ * reads it. File format and rules: docs/libvgpu.md.
  */
 #ifndef VGPU_CONFIG_H
 #define VGPU_CONFIG_H
@@ -17,9 +18,12 @@ enum { VGPU_CONFIG_NONE = 0, VGPU_CONFIG_OK = 1, VGPU_CONFIG_BROKEN = 2 };
 int vgpu_config_state(void);
 const char *vgpu_config_path(void); /* "" when the library's own path is unknown */
 
-/* The value of control variable `name`: the environment's, else the config file's, else NULL. */
+/* The value of control variable `name`: the config file's where it exists and may carry `name`
+ * (NULL when it is silent or broken; a different environment value is logged once), else the
+ * environment's. */
 const char *vgpu_getenv(const char *name);
-/* 1 when the environment or the file sets a variable whose name starts with `prefix`. */
+/* 1 when the file (where it exists; always when broken) or else the environment sets a variable
+ * whose name starts with `prefix`. */
 int vgpu_config_has_prefix(const char *prefix);
 /* Test hook and file parser (also used by the fuzz test): parses `text` as a config file.
  * Returns 0 and fills the table, or -1 with a reason in `why` (the table is then empty). */
@@ -33,6 +37,10 @@ int vgpu_parse_percent(const char *s, uint32_t *out);
 /* Byte limit for the container device index `phys`: VGPU_UNLIMITED, or the limit;
  * a malformed value (or a broken config file) yields 0 (fail closed) and one error line. */
 uint64_t vgpu_mem_limit_for(int phys);
+/* This process's own ceiling for `phys`, bytes: where the file exists, its limit, lowered by the
+ * environment's CUDA_DEVICE_MEMORY_LIMIT(_<i>) when that is smaller (a larger one is logged and
+ * ignored); VGPU_UNLIMITED where no file exists (the region's limit applies, as in HAMi-core). */
+uint64_t vgpu_mem_cap_for(int phys);
 /* SM percent for `phys`: 100 = no limit. Malformed (or broken file) -> 1 (fail closed). */
 uint32_t vgpu_sm_limit_for(int phys);
 /* CUDA_DISABLE_CONTROL (vgpu_bool.h's table): 1 when enforcement is off. */

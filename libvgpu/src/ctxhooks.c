@@ -146,10 +146,12 @@ VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params
     CTX_CREATE_BODY("cuCtxCreate_v3", pctx, dev, CALL_REAL(fn, cuCtxCreate_v3, pctx, params, n, flags, dev));
 }
 
+#if CUDA_VERSION >= 12050 /* hooks.h: VGPU_HOOK_CTX_V4 */
 VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev) {
     typedef CUresult (*fn)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
     CTX_CREATE_BODY("cuCtxCreate_v4", pctx, dev, CALL_REAL(fn, cuCtxCreate_v4, pctx, params, flags, dev));
 }
+#endif
 
 static void ctx_gone(CUcontext ctx) {
     owned_t *o = vgpu_owned_take(O_CTX, (uint64_t)(uintptr_t)ctx);

@@ -5,6 +5,7 @@
  * costs one load and one predictable branch per launch.
  */
 #include <cuda.h>
+#include "graphmem.h"
 #include "pools.h"
 #include "real.h"
 #include "smlimit.h"
@@ -59,14 +60,22 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
 }
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     PACE(s);
+    uint64_t pre[GRAPHMEM_DEVS]; /* graph memory nodes: checked before (graphmem.c), sampled after (pools.c) */
+    int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphLaunch");
+    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(graph_t, cuGraphLaunch, g, s);
-    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch(); /* graph memory nodes (pools.c) */
+    if (mem) vgpu_graph_end(pre);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch();
     return rc;
 }
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     PACE(s);
+    uint64_t pre[GRAPHMEM_DEVS]; /* graph memory nodes: checked before (graphmem.c), sampled after (pools.c) */
+    int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphLaunch_ptsz");
+    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
-    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch(); /* graph memory nodes (pools.c) */
+    if (mem) vgpu_graph_end(pre);
+    if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch();
     return rc;
 }
 

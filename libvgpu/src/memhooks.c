@@ -39,8 +39,6 @@
 #undef cuMemGetInfo
 #undef cuDeviceTotalMem
 #undef cuMemAllocPitch
-#undef cuArrayCreate
-#undef cuArray3DCreate
 #undef cuMemAllocAsync
 #undef cuMemFreeAsync
 #undef cuMemAllocFromPoolAsync
@@ -57,7 +55,7 @@ static void log_oom(int rdev, uint64_t bytes, const char *api) {
     vgpu_device_t *d = &vgpu_region->devices[rdev];
     VLOG(VLOG_WARN, "%s: out of memory on %s: %llu bytes requested, %llu in use, limit %llu", api, d->uuid,
          (unsigned long long)bytes, (unsigned long long)vgpu_device_usage(rdev),
-         (unsigned long long)d->limit_bytes);
+         (unsigned long long)vgpu_device_limit(rdev));
 }
 
 /* Reserve for the current context's device. Returns rdev (>= 0), -1 when the device is
@@ -131,6 +129,16 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
     ALLOC_BODY("cuMemAllocManaged", bytes, CALL_REAL(fn, cuMemAllocManaged, dptr, bytes, flags), *dptr);
 }
 
+/* During stream capture cuMemAllocAsync allocates nothing: it adds a memory-allocation node to
+ * the graph being captured, whose memory graphmem.c checks when the graph is instantiated and
+ * launched. Charging it to the stream's pool here would count it twice. */
+static int capturing(CUstream s) {
+    typedef CUresult (*cap_t)(CUstream, CUstreamCaptureStatus *);
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!s) return 0; /* the legacy stream cannot capture */
+    return CALL_REAL(cap_t, cuStreamIsCapturing, s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 /* Stream-ordered allocations are charged through their pool's model (pools.c): memory the pool
  * keeps after frees stays charged until a synchronisation or cuMemPoolTrimTo releases it. */
 #define POOL_ALLOC_BODY(api, bytes, poolh, realcall)                                           \
@@ -138,6 +146,7 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
         CUdevice d_;                                                                           \
         int rdev_ = -1, pidx_ = -1;                                                            \
         uint64_t grown_ = 0;                                                                   \
+        if (capturing(s)) return (realcall); /* a graph node: charged at instantiation */      \
         if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d_) == CUDA_SUCCESS)            \
             rdev_ = vgpu_rdev_of_cuda((int)d_);                                                \
         if (rdev_ >= 0) {                                                                      \
@@ -261,140 +270,9 @@ VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
     return free_tracked(K_PTR, p, do_free_async_ptsz, s);
 }
 
-/* ---------------- arrays ---------------- */
+/* arrays and mipmapped arrays: arrayhooks.c */
 
-static uint64_t format_bytes(CUarray_format f) {
-    switch ((int)f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: case CU_AD_FORMAT_UNORM_INT8X1:
-    case CU_AD_FORMAT_SNORM_INT8X1: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF:
-    case CU_AD_FORMAT_UNORM_INT8X2: case CU_AD_FORMAT_SNORM_INT8X2: case CU_AD_FORMAT_UNORM_INT16X1:
-    case CU_AD_FORMAT_SNORM_INT16X1: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT:
-    case CU_AD_FORMAT_UNORM_INT8X4: case CU_AD_FORMAT_SNORM_INT8X4: case CU_AD_FORMAT_UNORM_INT16X2:
-    case CU_AD_FORMAT_SNORM_INT16X2: return 4;
-    case CU_AD_FORMAT_UNORM_INT16X4: case CU_AD_FORMAT_SNORM_INT16X4: return 8;
-    default: return 4; /* block-compressed and video formats: at most 4 bytes per element */
-    }
-}
-
-static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch) {
-    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * format_bytes(f) * (ch ? ch : 1);
-}
-
-VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
-    typedef CUresult (*fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArrayCreate_v2, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArrayCreate_v2");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArrayCreate_v2, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
-    typedef CUresult (*fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArray3DCreate_v2, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArray3DCreate_v2");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArray3DCreate_v2, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-/* v1 descriptors (CUDA < 3.2): 32-bit dimensions. */
-typedef struct { unsigned int Width, Height; CUarray_format Format; unsigned int NumChannels; } array_desc_v1_t;
-typedef struct {
-    unsigned int Width, Height, Depth;
-    CUarray_format Format;
-    unsigned int NumChannels, Flags;
-} array3d_desc_v1_t;
-
-VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const array_desc_v1_t *desc) {
-    typedef CUresult (*fn)(CUarray *, const array_desc_v1_t *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArrayCreate, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArrayCreate");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArrayCreate, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const array3d_desc_v1_t *desc) {
-    typedef CUresult (*fn)(CUarray *, const array3d_desc_v1_t *);
-    if (off() || !arr || !desc) return CALL_REAL(fn, cuArray3DCreate, arr, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
-    int rdev = reserve_current(bytes, "cuArray3DCreate");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuArray3DCreate, arr, desc);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_ARRAY, (uint64_t)(uintptr_t)*arr, rdev, bytes);
-    return rc;
-}
-
-static CUresult do_array_destroy(uint64_t a, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUarray), cuArrayDestroy, (CUarray)(uintptr_t)a); }
-VGPU_EXPORT CUresult cuArrayDestroy(CUarray a) {
-    if (off()) return do_array_destroy((uint64_t)(uintptr_t)a, NULL);
-    return free_tracked(K_ARRAY, (uint64_t)(uintptr_t)a, do_array_destroy, NULL);
-}
-
-VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *desc,
-                                            unsigned int levels) {
-    typedef CUresult (*fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
-    if (off() || !h || !desc) return CALL_REAL(fn, cuMipmappedArrayCreate, h, desc, levels);
-    uint64_t bytes = 0;
-    size_t w = desc->Width, ht = desc->Height, d = desc->Depth;
-    for (unsigned i = 0; i < (levels ? levels : 1); i++) {
-        bytes += array_bytes(w, ht, d, desc->Format, desc->NumChannels);
-        w = w > 1 ? w / 2 : 1;
-        ht = ht > 1 ? ht / 2 : ht;
-        d = d > 1 ? d / 2 : d;
-    }
-    int rdev = reserve_current(bytes, "cuMipmappedArrayCreate");
-    if (rdev == -2) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult rc = CALL_REAL(fn, cuMipmappedArrayCreate, h, desc, levels);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, bytes); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_MIPMAP, (uint64_t)(uintptr_t)*h, rdev, bytes);
-    return rc;
-}
-
-static CUresult do_mipmap_destroy(uint64_t a, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUmipmappedArray), cuMipmappedArrayDestroy, (CUmipmappedArray)(uintptr_t)a); }
-VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
-    if (off()) return do_mipmap_destroy((uint64_t)(uintptr_t)a, NULL);
-    return free_tracked(K_MIPMAP, (uint64_t)(uintptr_t)a, do_mipmap_destroy, NULL);
-}
-
-/* ---------------- virtual memory management ---------------- */
-
-/* Only device-located physical memory is charged, to the device named in the properties
- * (not the calling thread's context: NCCL and expandable segments create from any thread). */
-VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
-                                 unsigned long long flags) {
-    typedef CUresult (*fn)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-    if (off() || !handle || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
-    int rdev = vgpu_rdev_of_cuda(prop->location.id);
-    if (rdev >= 0 && vgpu_reserve(rdev, size) != 0) {
-        log_oom(rdev, size, "cuMemCreate");
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    CUresult rc = CALL_REAL(fn, cuMemCreate, handle, size, prop, flags);
-    if (rc != CUDA_SUCCESS) { give_back(rdev, size); return rc; }
-    if (rdev >= 0) vgpu_track_add(K_VMM, (uint64_t)*handle, rdev, size);
-    return rc;
-}
-
-static CUresult do_release(uint64_t h, void *x) { (void)x; return CALL_REAL(CUresult(*)(CUmemGenericAllocationHandle), cuMemRelease, (CUmemGenericAllocationHandle)h); }
-VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    if (off()) return do_release(h, NULL);
-    return free_tracked(K_VMM, h, do_release, NULL);
-}
+/* virtual memory management: vmmhooks.c */
 
 /* ---------------- imported memory ---------------- */
 
@@ -422,7 +300,7 @@ VGPU_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory e) {
  * negative, never an error when usage passes the limit (HAMi#1370, core#200). */
 static void virtualise(int rdev, size_t *freeb, size_t *total) {
     if (rdev < 0 || !vgpu_region) return;
-    uint64_t limit = vgpu_region->devices[rdev].limit_bytes;
+    uint64_t limit = vgpu_device_limit(rdev);
     if (limit == VGPU_UNLIMITED) return;
     uint64_t t = limit < *total ? limit : *total;
     uint64_t used = vgpu_device_usage(rdev);

@@ -25,9 +25,9 @@
 #include "real.h"
 #include "region.h"
 
-/* A module needing more is rare; the cap bounds what a neighbour container allocating during
- * the load (invisible to us) can add to the measurement. */
-#define MODULE_CHARGE_MAX (256ull << 20)
+/* No cap on the measured growth: a module's static __device__ data can be any size, and a cap
+ * let a tenant load past its limit. A neighbour container allocating on the card during the
+ * load (invisible to us) is charged to the module: an overcharge, never an escape. */
 
 /* ---------------- modules and libraries ---------------- */
 
@@ -59,7 +59,6 @@ static CUresult mod_end(mod_measure_t *m, CUresult rc, int kind, uint64_t handle
     if (rc == CUDA_SUCCESS && vgpu_device_used(&used1) == 0) {
         uint64_t cont1 = vgpu_device_usage(m->rdev);
         charge = vgpu_growth(m->used0, used1, m->cont0, cont1);
-        if (charge > MODULE_CHARGE_MAX) charge = MODULE_CHARGE_MAX;
     }
     vgpu_measure_unlock();
     if (rc != CUDA_SUCCESS) return rc;
@@ -161,7 +160,6 @@ static CUresult lazy_end(mod_measure_t *m, CUresult rc, int kind, uint64_t owner
     uint64_t used1 = 0, charge = 0;
     if (rc == CUDA_SUCCESS && vgpu_device_used(&used1) == 0) {
         charge = vgpu_growth(m->used0, used1, m->cont0, vgpu_device_usage(m->rdev));
-        if (charge > MODULE_CHARGE_MAX) charge = MODULE_CHARGE_MAX;
     }
     vgpu_measure_unlock();
     if (!charge) return rc;

@@ -33,7 +33,7 @@ static int limited_view(nvmlDevice_t dev, unsigned long long real_total, unsigne
     if (vgpu_control_disabled()) return 0;
     int rdev = rdev_of_nvml(dev);
     if (rdev < 0) return 0;
-    uint64_t limit = vgpu_region->devices[rdev].limit_bytes;
+    uint64_t limit = vgpu_device_limit(rdev);
     if (limit == VGPU_UNLIMITED) return 0;
     uint64_t t = limit < real_total ? limit : real_total;
     uint64_t u = vgpu_device_usage(rdev);

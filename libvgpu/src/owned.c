@@ -1,7 +1,8 @@
 /*
  * owned.c - what this process was charged for driver-owned memory: contexts made with
  * cuCtxCreate* (slots' context[]) and module images (module[]), keyed by handle, with the
- * context each module was loaded into, so destroying a context gives its modules back.
+ * context each module was loaded into, so destroying a context gives its modules back; and the
+ * memory context limits (cuCtxSetLimit) made the driver reserve, given back with the context.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -23,11 +24,18 @@ __attribute__((constructor)) static void owned_register_fork(void) { vgpu_on_for
 void vgpu_owned_add(int kind, uint64_t handle, void *ctx, int rdev, uint64_t bytes) {
     owned_t *o = malloc(sizeof *o);
     if (!o) return;
-    *o = (owned_t){handle, kind, rdev, ctx, bytes, NULL};
+    *o = (owned_t){handle, kind, rdev, ctx, bytes, NULL, 0};
     pthread_mutex_lock(&list_mu);
     o->next = owned_list;
     owned_list = o;
     pthread_mutex_unlock(&list_mu);
+}
+
+void vgpu_owned_add_limit(uint64_t handle, void *ctx, int rdev, uint64_t bytes, uint64_t base) {
+    owned_t *o = malloc(sizeof *o);
+    if (!o) return;
+    *o = (owned_t){handle, O_LIMIT, rdev, ctx, bytes, NULL, base};
+    vgpu_owned_put(o);
 }
 
 owned_t *vgpu_owned_take(int kind, uint64_t handle) {
@@ -48,9 +56,10 @@ void vgpu_owned_put(owned_t *o) {
 
 void vgpu_owned_release(owned_t *o) {
     if (o->kind == O_CTX) vgpu_uncharge_context(o->rdev, o->bytes);
+    else if (o->kind == O_LIMIT) vgpu_unreserve(o->rdev, o->bytes);
     else vgpu_unreserve_module(o->rdev, o->bytes);
     VLOG(VLOG_DEBUG, "released %llu bytes of %s %#llx", (unsigned long long)o->bytes,
-         o->kind == O_CTX ? "context" : "module", (unsigned long long)o->handle);
+         o->kind == O_CTX ? "context" : o->kind == O_LIMIT ? "context limit" : "module", (unsigned long long)o->handle);
     free(o);
 }
 

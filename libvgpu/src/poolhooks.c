@@ -5,6 +5,7 @@
 #include <cuda.h>
 #undef cuGraphUpload
 #include "config.h"
+#include "graphmem.h"
 #include "pools.h"
 #include "real.h"
 
@@ -35,13 +36,21 @@ VGPU_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 }
 
 VGPU_EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) {
+    uint64_t pre[GRAPHMEM_DEVS];
+    int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphUpload");
+    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload, g, s);
+    if (mem) vgpu_graph_end(pre);
     if (rc == CUDA_SUCCESS) vgpu_graphmem_sample_current();
     return rc;
 }
 
 VGPU_EXPORT CUresult cuGraphUpload_ptsz(CUgraphExec g, CUstream s) {
+    uint64_t pre[GRAPHMEM_DEVS];
+    int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphUpload_ptsz");
+    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = CALL_REAL(CUresult(*)(CUgraphExec, CUstream), cuGraphUpload_ptsz, g, s);
+    if (mem) vgpu_graph_end(pre);
     if (rc == CUDA_SUCCESS) vgpu_graphmem_sample_current();
     return rc;
 }

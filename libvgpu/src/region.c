@@ -40,6 +40,11 @@ static int my_slot = -1;
 static pid_t my_pid;
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t region_once = PTHREAD_ONCE_INIT;
+/* This process's own ceiling per region device (vgpu_mem_cap_for), read at first use: the region's
+ * limit is the container's, written by its first process, and the region file is the tenant's. */
+static uint64_t my_cap[VGPU_MAX_DEVICES];
+static _Atomic int my_cap_known[VGPU_MAX_DEVICES];
+static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void file_lock(int on) {
     if (region_fd < 0) return;
@@ -250,6 +255,20 @@ int vgpu_my_slot(void) {
     return my_slot;
 }
 
+uint64_t vgpu_device_limit(int rdev) {
+    vgpu_device_t *d = &vgpu_region->devices[rdev];
+    if (VGPU_UNLIKELY(!atomic_load(&my_cap_known[rdev]))) {
+        pthread_mutex_lock(&cap_mu);
+        if (!atomic_load(&my_cap_known[rdev])) {
+            my_cap[rdev] = vgpu_mem_cap_for((int)d->phys_index);
+            atomic_store(&my_cap_known[rdev], 1);
+        }
+        pthread_mutex_unlock(&cap_mu);
+    }
+    uint64_t cap = my_cap[rdev], limit = d->limit_bytes;
+    return cap < limit ? cap : limit;
+}
+
 int vgpu_device_find(const char *uuid) {
     vgpu_region_t *r = vgpu_region;
     if (!r) return -1;
@@ -266,10 +285,13 @@ int vgpu_device_register(const char *uuid, int phys) {
     if (idx >= 0) {
         vgpu_device_t *d = &vgpu_region->devices[idx];
         uint64_t mine = vgpu_mem_limit_for(phys);
-        if (mine != d->limit_bytes)
+        if (mine != d->limit_bytes && vgpu_config_state() == VGPU_CONFIG_NONE)
             VLOG(VLOG_WARN, "device %s: this process asks for limit %llu bytes, the region holds %llu; "
                  "the region's value applies to the whole container", uuid, (unsigned long long)mine,
                  (unsigned long long)d->limit_bytes);
+        else if (mine != d->limit_bytes)
+            VLOG(VLOG_WARN, "device %s: the region holds limit %llu bytes, the config file %llu; the lower "
+                 "applies to this process", uuid, (unsigned long long)d->limit_bytes, (unsigned long long)mine);
         return idx;
     }
     vgpu_region_t *r = vgpu_region;
@@ -320,9 +342,8 @@ static int reserve_kind(int rdev, uint64_t bytes, int module) {
     int slot = vgpu_my_slot();
     vgpu_region_t *r = vgpu_region;
     if (slot < 0 || rdev < 0) return -1;
-    vgpu_device_t *d = &r->devices[rdev];
     vgpu_slot_t *s = &r->slots[slot];
-    uint64_t limit = d->limit_bytes;
+    uint64_t limit = vgpu_device_limit(rdev);
     if (limit != VGPU_UNLIMITED && bytes > limit) return -1;
     vgpu_reap_dead(0);
     for (int attempt = 0; attempt < 4; attempt++) {

@@ -16,6 +16,9 @@ uint64_t vgpu_region_key(void);
 int vgpu_my_slot(void);                /* claims one on first use; -1 on failure */
 int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
 int vgpu_device_find(const char *uuid);
+/* The limit this process enforces on region device `rdev`, bytes: the region's (the container's),
+ * capped by this process's own ceiling (config.h: vgpu_mem_cap_for). VGPU_UNLIMITED = none. */
+uint64_t vgpu_device_limit(int rdev);
 /* Reserve `bytes` on region device `rdev` for this process. 0 ok, -1 over the limit. */
 int vgpu_reserve(int rdev, uint64_t bytes);
 void vgpu_unreserve(int rdev, uint64_t bytes);

@@ -14,6 +14,7 @@
 #include <sched.h>
 #include <string.h>
 #include <time.h>
+#include "cuda_compat.h"
 #include "fake_state.h"
 
 #undef cuMemAlloc
@@ -35,6 +36,13 @@
 #undef cuGraphLaunch
 
 #define EXPORT __attribute__((visibility("default")))
+
+/* defined in fake_escapes.inc.c (stream capture, graph instantiations) */
+static int captured_alloc(CUstream s, uint64_t bytes, CUdeviceptr *p);
+static int captured_free(CUstream s);
+static uint64_t fake_exec_bytes(CUgraphExec e, int dev);
+static CUarray fake_sparse_array(void);
+static int fake_sparse_destroy(CUarray a);
 
 /* ---- call counting ---- */
 #define MAXC 128
@@ -222,6 +230,7 @@ static CUresult phys_alloc(int dev, uint64_t bytes, uint64_t *key) {
     return CUDA_SUCCESS;
 }
 static CUresult phys_free(uint64_t key) {
+    if (key >= 0x4000000000ull && key < 0x5000000000ull) return CUDA_SUCCESS; /* an imported pool pointer: unmapped */
     pthread_mutex_lock(&amu);
     alloc_t **pp = &allocs, *a;
     while ((a = *pp) && a->key != key) pp = &a->next;
@@ -395,8 +404,8 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) { COUNT(); NEED_INIT(); retur
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = (unsigned)k; return r; }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t b, unsigned f) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); if (captured_alloc(s, b, p)) return CUDA_SUCCESS; uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); if (captured_alloc(s, b, p)) return CUDA_SUCCESS; uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
@@ -418,21 +427,33 @@ EXPORT CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned w
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { COUNT(); NEED_INIT(); return p ? phys_free(p) : CUDA_SUCCESS; }
 EXPORT CUresult cuMemFree(unsigned int p) { COUNT(); NEED_INIT(); return p ? phys_free(p) : CUDA_SUCCESS; }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); return phys_free(p); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); return phys_free(p); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); if (captured_free(s)) return CUDA_SUCCESS; return phys_free(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { COUNT(); NEED_INIT(); if (captured_free(s)) return CUDA_SUCCESS; return phys_free(p); }
 
+/* bytes per channel (the normalized x1/x2/x4 formats: per channel of NumChannels) */
 static uint64_t fmt_bytes(CUarray_format f) {
-    switch ((int)f) { case CU_AD_FORMAT_UNSIGNED_INT8: return 1; case CU_AD_FORMAT_HALF: return 2; default: return 4; }
+    switch ((int)f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: case 0xc0: case 0xc1: case 0xc2: case 0xc6: case 0xc7: case 0xc8: return 1;
+    case CU_AD_FORMAT_HALF: case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case 0xc3: case 0xc4: case 0xc5: return 2;
+    default: return 4;
+    }
+}
+/* A driver lays arrays out in tiles and pages: FAKE_ARRAY_PAD (bytes, default 1) rounds each up. */
+static uint64_t array_pad(uint64_t b) {
+    const char *s = getenv("FAKE_ARRAY_PAD");
+    uint64_t p = s ? strtoull(s, NULL, 10) : 1;
+    return p > 1 ? (b + p - 1) / p * p : b;
 }
 EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
     COUNT(); NEED_INIT(); uint64_t k;
-    CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
+    CUresult r = phys_alloc(CUR(), array_pad((uint64_t)d->Width * (d->Height ? d->Height : 1) * fmt_bytes(d->Format) * d->NumChannels), &k);
     if (!r) *a = (CUarray)(uintptr_t)k;
     return r;
 }
 EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     COUNT(); NEED_INIT(); uint64_t k;
-    CUresult r = phys_alloc(CUR(), (uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels, &k);
+    if (d->Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) { *a = fake_sparse_array(); return CUDA_SUCCESS; }
+    CUresult r = phys_alloc(CUR(), array_pad((uint64_t)d->Width * (d->Height ? d->Height : 1) * (d->Depth ? d->Depth : 1) * fmt_bytes(d->Format) * d->NumChannels), &k);
     if (!r) *a = (CUarray)(uintptr_t)k;
     return r;
 }
@@ -448,7 +469,11 @@ EXPORT CUresult cuArray3DCreate(CUarray *a, const desc3_v1_t *d) {
     CUDA_ARRAY3D_DESCRIPTOR d2 = {.Width = d->Width, .Height = d->Height, .Depth = d->Depth, .Format = d->Format, .NumChannels = d->NumChannels};
     return cuArray3DCreate_v2(a, &d2);
 }
-EXPORT CUresult cuArrayDestroy(CUarray a) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)a); }
+EXPORT CUresult cuArrayDestroy(CUarray a) {
+    COUNT(); NEED_INIT();
+    if (fake_sparse_destroy(a)) return CUDA_SUCCESS;
+    return phys_free((uint64_t)(uintptr_t)a);
+}
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned lv) {
     COUNT(); NEED_INIT(); uint64_t k, bytes = 0;
     size_t w = d->Width, h = d->Height, z = d->Depth;
@@ -461,18 +486,8 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_D
     return r;
 }
 EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { COUNT(); NEED_INIT(); return phys_free((uint64_t)(uintptr_t)m); }
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long f) {
-    COUNT(); NEED_INIT(); uint64_t k;
-    if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) { *h = 0x5000000000ull + size; return CUDA_SUCCESS; }
-    CUresult r = phys_alloc(prop->location.id, size, &k);
-    if (!r) *h = k;
-    return r;
-}
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    COUNT(); NEED_INIT();
-    if (h >= 0x5000000000ull) return CUDA_SUCCESS;
-    return phys_free(h);
-}
+/* cuMemCreate: fake_escapes.inc.c */
+/* cuMemRelease: fake_escapes.inc.c (VMM handles live until released and unmapped) */
 EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
     COUNT(); NEED_INIT();
     if (cur_dev < 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -642,7 +657,6 @@ EXPORT CUresult cuCtxSynchronize(void) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { COUNT(); NEED_INIT(); return cuCtxSynchronize(); }
-EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { COUNT(); *st = CU_STREAM_CAPTURE_STATUS_NONE; return CUDA_SUCCESS; }
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
 EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
@@ -653,16 +667,17 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_ARGS, void **p) { COUNT();
 /* Graph memory: launching or uploading a graph reserves FAKE_GRAPH_MIB (default 0) in the
  * device's graph pool, kept until cuDeviceGraphMemTrim. */
 static uint64_t graph_reserved[FAKE_MAX_DEV];
-static void graph_reserve(void) {
+static void graph_reserve(CUgraphExec g) {
     const char *s = getenv("FAKE_GRAPH_MIB");
-    uint64_t want = (s ? strtoull(s, NULL, 10) : 0) << 20;
+    uint64_t want = (s ? strtoull(s, NULL, 10) : 0) << 20, need = fake_exec_bytes(g, cur_dev);
+    if (need > want) want = need; /* the instantiation's allocation nodes */
     if (cur_dev < 0 || graph_reserved[cur_dev] >= want) return;
     atomic_fetch_add(&fake_phys()->used[visible[cur_dev]], want - graph_reserved[cur_dev]);
     graph_reserved[cur_dev] = want;
 }
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(); enqueue(); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(); enqueue(); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(g); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(g); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphUpload(CUgraphExec g, CUstream s) { COUNT(); NEED_INIT(); graph_reserve(g); return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, CUgraphMem_attribute a, void *v) {
     COUNT(); NEED_INIT();
     if (d < 0 || d >= nvisible) return CUDA_ERROR_INVALID_DEVICE;
@@ -676,6 +691,9 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
     graph_reserved[d] = 0;
     return CUDA_SUCCESS;
 }
+
+/* ---- VMM, graph memory nodes, stream capture, context limits, IPC sizes: a file of its own ---- */
+#include "fake_escapes.inc.c"
 
 /* ---- cuGetProcAddress: name x version x flags, from our own table ---- */
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st);
@@ -706,6 +724,7 @@ static const proc_t procs[] = {
     P(cuIpcGetMemHandle, 4010), P(cuIpcOpenMemHandle, 4010), P(cuIpcOpenMemHandle_v2, 11000),
     P(cuIpcCloseMemHandle, 4010), P(cuDeviceGetMemPool, 11020), P(cuDeviceSetMemPool, 11020),
     P(cuMemPoolCreate, 11020), P(cuMemPoolDestroy, 11020), P(cuMemPoolTrimTo, 11020), P(cuMemPoolSetAttribute, 11020),
+    FAKE_ESCAPE_PROCS
 };
 static const proc_t *find_proc(const char *name) {
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)

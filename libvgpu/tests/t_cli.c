@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "cuda_compat.h"
 #include "testutil.h"
 
 #undef cuMemAlloc
@@ -50,10 +51,12 @@ typedef struct { unsigned version; unsigned long long total, reserved, free, use
 int nvmlDeviceGetMemoryInfo(void *d, mem1_t *m);
 int nvmlDeviceGetMemoryInfo_v2(void *d, mem2_t *m);
 
-enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM, K_CTX, K_MODULE, K_LIBRARY, K_IPC, K_POOL, K_EXT };
-static struct { int kind; uint64_t v; } ids[4096];
+enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM, K_CTX, K_MODULE, K_LIBRARY, K_IPC, K_POOL, K_EXT,
+       K_VMAP, K_GRAPH, K_EXEC, K_STREAM };
+static struct { int kind; uint64_t v, size; } ids[4096];
 static int nids;
-static int add_id(int kind, uint64_t v) { ids[nids].kind = kind; ids[nids].v = v; return nids++; }
+static int add_id(int kind, uint64_t v) { ids[nids].kind = kind; ids[nids].v = v; ids[nids].size = 0; return nids++; }
+static int escape_op(int argc, char **argv, int *pi); /* cli_escapes.inc.c */
 
 static const char *where(void *fn) {
     static char buf[256];
@@ -94,6 +97,9 @@ static CUresult free_id(int id) {
     case K_IPC: return cuIpcCloseMemHandle((CUdeviceptr)v);
     case K_POOL: return cuMemPoolDestroy((CUmemoryPool)(uintptr_t)v);
     case K_EXT: return cuDestroyExternalMemory((CUexternalMemory)(uintptr_t)v);
+    case K_VMAP: return cuMemUnmap((CUdeviceptr)v, ids[id].size);
+    case K_EXEC: return cuGraphExecDestroy((CUgraphExec)(uintptr_t)v);
+    case K_GRAPH: return cuGraphDestroy((CUgraph)(uintptr_t)v);
     default: return cuMemFree_v2((CUdeviceptr)v);
     }
 }
@@ -181,8 +187,11 @@ int main(int argc, char **argv) {
             prop.location.type = !strcmp(op, "vmm") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST_NUMA;
             prop.location.id = atoi(ARG(1));
             CUmemGenericAllocationHandle h = 0;
-            r = cuMemCreate(&h, tu_size(ARG(2)), &prop, 0); i += 2;
-            OUT("%s %d %d", op, r, r ? -1 : add_id(K_VMM, h));
+            uint64_t sz = tu_size(ARG(2));
+            r = cuMemCreate(&h, sz, &prop, 0); i += 2;
+            int id = r ? -1 : add_id(K_VMM, h);
+            if (id >= 0) ids[id].size = sz;
+            OUT("%s %d %d", op, r, id);
         } else if (!strcmp(op, "ctxcreate")) {
             /* ctxcreate <dev> <1|2|3|4>: the cuCtxCreate of that ABI version */
             CUcontext c = NULL;
@@ -418,6 +427,8 @@ int main(int argc, char **argv) {
             OUT("fork_alloc 0");
         } else if (!strcmp(op, "exit")) {
             _exit(atoi(ARG(1)));
+        } else if (escape_op(argc, argv, &i)) {
+            /* VMM mappings, graphs, stream capture, context limits: cli_escapes.inc.c */
         } else {
             OUT("unknown-op %s", op);
             return 2;
@@ -425,3 +436,5 @@ int main(int argc, char **argv) {
     }
     return 0;
 }
+
+#include "cli_escapes.inc.c"

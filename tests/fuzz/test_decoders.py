@@ -23,6 +23,12 @@ from hami import annotations as A
 from hami import quantity
 from hami.cluster import ClusterState
 from hami.errors import HamiError
+from hami.registration import (
+    decode_node_devices_colon,
+    decode_node_devices_json,
+    decode_pair_scores,
+    encode_node_devices_json,
+)
 from hami.vendors import build_vendors
 from scheduler_extender.wire import parse_bind_args, parse_filter_args, parse_preempt_args
 from tests.vendor_fleet import CONFIG
@@ -86,17 +92,17 @@ def test_pod_device_lists(value, n):
 @given(value=registration_json)
 def test_node_registration_json(value):
     for vendor in ("NVIDIA", "DCU"):
-        devices = only_our_errors(A.decode_node_devices_json, value, vendor=vendor)
+        devices = only_our_errors(decode_node_devices_json, value, vendor=vendor)
         if devices is not None:
             assert len({d.uuid for d in devices}) == len(devices)  # a card is never listed twice
             assert all(d.devmem > 0 for d in devices)
-            assert A.decode_node_devices_json(A.encode_node_devices_json(devices), vendor=vendor) == devices
+            assert decode_node_devices_json(encode_node_devices_json(devices), vendor=vendor) == devices
 
 
 @FUZZ
 @given(value=wire)
 def test_node_registration_colon_form(value):
-    devices = only_our_errors(A.decode_node_devices_colon, value, vendor="DCU")
+    devices = only_our_errors(decode_node_devices_colon, value, vendor="DCU")
     if devices is not None:
         assert len({d.uuid for d in devices}) == len(devices)
         assert all(d.devmem > 0 and d.count >= 0 for d in devices)
@@ -105,7 +111,7 @@ def test_node_registration_colon_form(value):
 @FUZZ
 @given(value=st.one_of(wire, json_value.map(json.dumps)))
 def test_pair_scores_node_lock_and_handshake(value):
-    only_our_errors(A.decode_pair_scores, value)
+    only_our_errors(decode_pair_scores, value)
     lock = only_our_errors(A.decode_node_lock, value)
     if lock is not None and lock.namespace is not None:
         assert A.decode_node_lock(A.encode_node_lock(lock)) == lock
@@ -182,7 +188,7 @@ def test_every_vendors_pod_records_and_requests_never_raise(annos, containers, i
     state = ClusterState(CONFIG, VENDORS)
     for n in ("n", "m"):
         state.upsert_node(
-            {"metadata": {"name": n, "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json([])}}}
+            {"metadata": {"name": n, "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json([])}}}
         )
     pod = {
         "metadata": {"uid": "u", "name": "p", "namespace": "default", "annotations": annos},

@@ -108,7 +108,6 @@ def servers(tmp_path_factory):
                 node_name="dp-node",
                 socket_dir=str(kubelet.socket_dir),
                 hook_path=str(tmp / "hook"),
-                lock_dir=str(tmp / "vgpulock"),
             ),
             FakeBackend(cards_file, poll_s=0.5),
             KubeClient.from_kubeconfig(api.kubeconfig_path),

@@ -159,7 +159,7 @@ async def _scenario(ops: list[tuple[str, int]]) -> None:
         await kubelet.start()
         app = DevicePluginApp(
             PluginOptions(node_name=NODE, socket_dir=str(kubelet.socket_dir), hook_path=str(root / "hook"),
-                          lock_dir=str(root / "lock"), register_interval_s=60),
+                          register_interval_s=60),
             FakeBackend(root / "cards.yaml", poll_s=60), kube,
         )  # fmt: skip
         await app.start()

@@ -20,6 +20,7 @@ import pytest
 from hami import annotations as A
 from hami.errors import ApiError, HamiError
 from hami.kube import KubeClient
+from hami.registration import encode_node_devices_json
 from kubefakes.apiserver import FakeApiServer
 from kubefakes.apiserver.admission import service_account_user
 from tests.builders import cards, gpu_node, gpu_pod
@@ -320,7 +321,7 @@ async def test_a_nodes_device_plugin_token_writes_only_that_node_and_its_pods(
         api, service_account_user(NAMESPACE, "hami-device-plugin", node="n1"), tmp_path / "dp1"
     )
     rendered = render({}, kube_version="v1.30.0", api_versions=[V1_POLICY])
-    forged = A.encode_node_devices_json([gpu_node_card("n2", mem=400000)])
+    forged = encode_node_devices_json([gpu_node_card("n2", mem=400000)])
     try:
         async with _chart_admission(api, rendered, tmp_path):
             with pytest.raises(ApiError) as err:
@@ -334,7 +335,7 @@ async def test_a_nodes_device_plugin_token_writes_only_that_node_and_its_pods(
                 )
             assert err.value.status == 403 and "bound to the Node it runs on" in str(err.value)
             # Its own node and the pods bound there it writes as before.
-            own = A.encode_node_devices_json([gpu_node_card("n1", mem=40000)])
+            own = encode_node_devices_json([gpu_node_card("n1", mem=40000)])
             await asyncio.to_thread(
                 plugin_n1.patch, "nodes", "n1", {"metadata": {"annotations": {A.NVIDIA_REGISTER: own}}}
             )

@@ -113,7 +113,7 @@ async def test_a_switch_from_a_config_map_keeps_the_card_shared_and_enforced(
                 annos, resp, uid = await _place_and_allocate(apiserver, kubelet, server, session, name, env)
                 [[card]] = ann.decode_pod_devices(annos[ann.NVIDIA_ALLOCATED])
                 assert card.usedcores == 30, name  # shared: the scheduler saw no switch
-                assert "CUDA_DISABLE_CONTROL" not in _config(hook, uid), name
+                assert _config(hook, uid)["CUDA_DISABLE_CONTROL"] == "false", name  # stated, not left out
                 assert "/etc/ld.so.preload" in [m[0] for m in mounts_of(resp)], name
                 assert env_of(resp)["CUDA_DEVICE_SM_LIMIT"] == "30"
     finally:
@@ -131,5 +131,5 @@ async def test_a_literal_switch_on_a_shared_card_keeps_control(apiserver, kube, 
         env={"main": {"CUDA_DISABLE_CONTROL": "true"}},
     )
     _ids, resp = await kubelet.admit_container(RESOURCE, 1)
-    assert "CUDA_DISABLE_CONTROL" not in _config(hook, pod["metadata"]["uid"])
+    assert _config(hook, pod["metadata"]["uid"])["CUDA_DISABLE_CONTROL"] == "false"
     assert "/etc/ld.so.preload" in [m[0] for m in mounts_of(resp)]

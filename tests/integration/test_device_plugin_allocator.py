@@ -29,6 +29,7 @@ from hami.errors import NodeLockContention
 from hami.kube import KubeClient
 from hami.model import ContainerDevice
 from hami.nodelock import lock_node
+from hami.registration import decode_node_devices_json
 from kubefakes.apiserver import FakeApiServer
 from kubefakes.kubelet import AdmissionError, FakeKubelet, env_of, mounts_of
 
@@ -93,7 +94,6 @@ async def plugin(tmp_path, kubelet, kube, hook):
             node_name=NODE,
             socket_dir=str(kubelet.socket_dir),
             hook_path=str(hook),
-            lock_dir=str(tmp_path / "vgpulock"),
             register_interval_s=0.5,
         ),
         FakeBackend(cards, poll_s=0.05),
@@ -207,11 +207,10 @@ async def test_extender_pod_gets_exactly_the_recorded_card_and_limits(
     assert mounts_of(resp) == [
         (f"{hook}/vgpu/libvgpu.so", f"{hook}/vgpu/libvgpu.so", True),
         (f"{hook}/vgpu", str(cache_dir), False),
-        ("/tmp/vgpulock", str(tmp_path / "vgpulock"), False),
         ("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
         (f"{hook}/vgpu/vgpu.config", str(cache_dir / "vgpu.config"), True),  # libvgpu's config file
         (f"{hook}/vgpu/cards/{B}.card", f"{hook}/vgpu/cards/{B}.card", False),  # the card's shared region
-    ]
+    ]  # no node-wide writable lock directory (HAMi's /tmp/vgpulock): libvgpu reads none
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o777
     annos = pod_annos(apiserver, "gpu-pod")
     assert annos[ann.NVIDIA_TO_ALLOCATE] == ";"
@@ -499,7 +498,7 @@ async def test_unhealthy_card_reaches_kubelet_and_the_registration(apiserver, ku
     annos = await wait_annotation(
         apiserver, kubelet, lambda a: '"health":true}]' not in a[ann.NVIDIA_REGISTER]
     )
-    devices = ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER])
+    devices = decode_node_devices_json(annos[ann.NVIDIA_REGISTER])
     assert [(d.uuid, d.health) for d in devices] == [(A, True), (B, False)]
 
 
@@ -519,8 +518,7 @@ async def test_per_node_overrides_split_and_scaling(apiserver, kube, kubelet, tm
          "nodeconfig": [{"name": NODE, "devicesplitcount": 4, "devicememoryscaling": 2, "devicecorescaling": 1.5}]}
     )  # fmt: skip
     app = DevicePluginApp(
-        PluginOptions(node_name=NODE, config=config, socket_dir=str(kubelet.socket_dir), hook_path=str(hook),
-                      lock_dir=str(tmp_path / "lock")),
+        PluginOptions(node_name=NODE, config=config, socket_dir=str(kubelet.socket_dir), hook_path=str(hook)),
         FakeBackend(cards),
         kube,
     )  # fmt: skip
@@ -553,7 +551,7 @@ async def test_console_script_with_api_server_writes_the_registration(apiserver,
     try:
         await kubelet.wait_registered(RESOURCE, timeout=20)
         annos = await wait_annotation(apiserver, kubelet, lambda a: ann.NVIDIA_REGISTER in a, timeout=20)
-        assert [d.uuid for d in ann.decode_node_devices_json(annos[ann.NVIDIA_REGISTER])] == [A, B]
+        assert [d.uuid for d in decode_node_devices_json(annos[ann.NVIDIA_REGISTER])] == [A, B]
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=10)

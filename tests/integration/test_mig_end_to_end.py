@@ -60,7 +60,7 @@ async def cluster(fake_apiserver: FakeApiServer, tmp_path):
     (hook / "vgpu").mkdir(parents=True)
     options = PluginOptions(
         node_name=NODE, config=config, socket_dir=str(kubelet.socket_dir), hook_path=str(hook),
-        lock_dir=str(tmp_path / "vgpulock"), register_interval_s=0.2,
+        register_interval_s=0.2,
         mig_apply_lock=str(tmp_path / "hami" / "hami-mig-apply.lock"), mig_reconcile_s=0.1,
     )  # fmt: skip
     plugin = DevicePluginApp(options, backend, kube)

@@ -439,7 +439,7 @@ def test_device_config_sets_default_policies_and_split_count(tmp_path, capsys):
 
 
 def test_input_format_is_chosen_by_suffix_else_by_the_first_non_blank_line(tmp_path):
-    from hami.simulate.command import _is_yaml
+    from hami.simulate.inputs import is_yaml
 
     cases = {
         "a.csv": "kind: Pod\n",  # the suffix wins
@@ -451,7 +451,7 @@ def test_input_format_is_chosen_by_suffix_else_by_the_first_non_blank_line(tmp_p
     }
     for name, text in cases.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
-    assert {n: _is_yaml(str(tmp_path / n)) for n in cases} == {
+    assert {n: is_yaml(str(tmp_path / n)) for n in cases} == {
         "a.csv": False,
         "b.yml": True,
         "c": True,

@@ -20,6 +20,7 @@ import yaml
 from hami import annotations as A
 from hami import cli
 from hami.config import load_config_file
+from hami.registration import decode_node_devices_json
 from hami.simulate import kubeyaml
 from hami.tools import command
 from kubefakes.apiserver import FakeApiServer, write_kubeconfig
@@ -77,7 +78,7 @@ def test_snapshot_loads_back_to_the_registered_cards_and_the_allocations(
     }  # fmt: skip
     for name, want in nodes_want.items():
         reg = want["metadata"]["annotations"].get(A.NVIDIA_REGISTER)
-        cards = A.decode_node_devices_json(reg) if reg else []
+        cards = decode_node_devices_json(reg) if reg else []
         got = nodes[name].cards
         assert [(d.uuid, d.devmem, d.count, d.type, d.numa) for d in got] == [
             (d.uuid, d.devmem, d.count, d.type, d.numa) for d in cards

@@ -25,13 +25,15 @@ import yaml
 
 from hami import annotations as A
 from hami import cli
+from hami.registration import decode_node_devices_json
 from hami.tools import command
-from hami.tools.render import Style, use_color
+from hami.tools.table import Style, use_color
 from kubefakes.apiserver import FakeApiServer, write_kubeconfig
 from kubefakes.demo_cluster import DEMO_NOW, demo_objects
+from tests.golden_text import GOLDEN as GOLDEN_ROOT
+from tests.golden_text import check_golden
 
-GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "tools"
-UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
+GOLDEN = GOLDEN_ROOT / "tools"
 NOW = "2026-05-04T10:00:00Z"
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,13 +52,7 @@ def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), (
-        f"{name} differs (UPDATE_GOLDEN=1 to accept a deliberate change)"
-    )
+    check_golden("tools", name, text)
 
 
 @pytest.mark.parametrize("fmt", ["table", "wide", "json"])
@@ -68,6 +64,22 @@ def test_inspect_golden(
     _golden(f"inspect-{fmt}.{'json' if fmt == 'json' else 'txt'}", out)
 
 
+@pytest.mark.parametrize("fmt", ["table", "wide"])
+def test_inspect_colour_golden(
+    demo: FakeApiServer,
+    kubeconfig: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    fmt: str,
+) -> None:
+    # On a terminal: the header bold, states coloured, and the columns aligned by what shows (the
+    # colour codes take no column).
+    monkeypatch.setattr(command, "_style", lambda stream: Style(True))
+    code, out, err = _main(capsys, "inspect", "--kubeconfig", kubeconfig, "--now", NOW, "-o", fmt)
+    assert (code, err) == (0, "") and "\x1b[1m" in out
+    _golden(f"inspect-{fmt}-colour.txt", out)
+
+
 @pytest.mark.parametrize("pod", ["default/whole-card", "default/big-pair", "team-a/etl-2", "infer/chat-0"])
 def test_explain_golden(
     demo: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str], pod: str
@@ -75,6 +87,15 @@ def test_explain_golden(
     code, out, err = _main(capsys, "explain", pod, "--kubeconfig", kubeconfig, "--now", NOW)
     assert (code, err) == (0, "")
     _golden(f"explain-{pod.replace('/', '-')}.txt", out)
+
+
+def test_explain_colour_golden(
+    demo: FakeApiServer, kubeconfig: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(command, "_style", lambda stream: Style(True))
+    code, out, err = _main(capsys, "explain", "infer/chat-0", "--kubeconfig", kubeconfig, "--now", NOW)
+    assert (code, err) == (0, "") and "OTHER NODE" in out and "\x1b[1m" in out
+    _golden("explain-infer-chat-0-colour.txt", out)
 
 
 def test_inspect_json_matches_the_annotations(
@@ -105,7 +126,7 @@ def test_inspect_json_matches_the_annotations(
                 got[(x["namespace"], x["pod"], x["container"], c["uuid"])] = (x["memoryMiB"], x["cores"])
     assert got == want
     nodes = {n["name"]: n for n in data["nodes"]}
-    registered = {n["metadata"]["name"]: A.decode_node_devices_json(n["metadata"]["annotations"][A.NVIDIA_REGISTER])
+    registered = {n["metadata"]["name"]: decode_node_devices_json(n["metadata"]["annotations"][A.NVIDIA_REGISTER])
                   for n in store.list("nodes") if A.NVIDIA_REGISTER in n["metadata"]["annotations"]}  # fmt: skip
     for name, devices in registered.items():
         assert [

@@ -59,10 +59,22 @@ def built() -> Path:
     cuda_h = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include" / "cuda.h"
     if not cuda_h.exists():
         pytest.skip(f"libvgpu tests need the CUDA driver API header: {cuda_h} not found (set CUDA_HOME)")
-    r = subprocess.run(["make", "-s", "-C", str(LIBVGPU), "test-bins"], capture_output=True, text=True)
+    return make_test_bins()
+
+
+def make_test_bins(build: Path = BUILD, cuda_include: Path | None = None) -> Path:
+    """Runs ``make -C libvgpu test-bins`` into `build` (libvgpu.so, the fakes, the test programs),
+    against the cuda.h in `cuda_include` (default: CUDA_HOME's); returns `build`. Fails the test
+    with make's output when the build fails."""
+    cmd = ["make", "-s", "-C", str(LIBVGPU), "test-bins"]
+    if build != BUILD:
+        cmd.append(f"BUILD={build}")
+    if cuda_include is not None:
+        cmd.append(f"CUDA_HOME={cuda_include.parent}")
+    r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.fail(f"make -C libvgpu test-bins failed:\n{r.stdout}{r.stderr}", pytrace=False)
-    return BUILD
+        pytest.fail(f"{' '.join(cmd)} failed:\n{r.stdout}{r.stderr}", pytrace=False)
+    return build
 
 
 class Cli:
@@ -92,19 +104,23 @@ class Cli:
         env.update(extra or {})
         return env
 
-    def popen(self, *ops: str, env: dict[str, str] | None = None, preload: bool = True) -> subprocess.Popen:
+    def popen(
+        self, *ops: str, env: dict[str, str] | None = None, preload: bool = True, cwd: Path | None = None
+    ) -> subprocess.Popen:
         return subprocess.Popen(
             [str(self.build / "tests" / "t_cli"), *ops],
             env=self.env(env, preload=preload),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            cwd=cwd,
         )
 
     def run(
-        self, *ops: str, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 20
+        self, *ops: str, env: dict[str, str] | None = None, preload: bool = True, timeout: float = 20,
+        cwd: Path | None = None,
     ) -> Result:
-        p = self.popen(*ops, env=env, preload=preload)
+        p = self.popen(*ops, env=env, preload=preload, cwd=cwd)
         out, err = p.communicate(timeout=timeout)
         return parse(p.returncode, out, err)
 
@@ -119,7 +135,9 @@ class Cli:
             cfg.write_bytes(config.encode() if isinstance(config, str) else config)
         return self.lib
 
-    def run_clean(self, *ops: str, extra: dict[str, str] | None = None, timeout: float = 20) -> Result:
+    def run_clean(
+        self, *ops: str, extra: dict[str, str] | None = None, timeout: float = 20, cwd: Path | None = None
+    ) -> Result:
         """Runs t_cli as `env -i` would: only the loader's variables (LD_PRELOAD stands for
         /etc/ld.so.preload, LD_LIBRARY_PATH for the driver's location) and `extra`."""
         env = {"LD_PRELOAD": str(self.lib), "LD_LIBRARY_PATH": str(self.build / "fake"),
@@ -127,6 +145,7 @@ class Cli:
         p = subprocess.Popen(
             [str(self.build / "tests" / "t_cli"), *ops], env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, errors="backslashreplace",  # logs may echo raw file bytes
+            cwd=cwd,
         )  # fmt: skip
         out, err = p.communicate(timeout=timeout)
         return parse(p.returncode, out, err)

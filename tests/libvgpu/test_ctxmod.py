@@ -1,7 +1,8 @@
 """Context and module memory: contexts made with cuCtxCreate* and module images
 (cuModuleLoad*, cuLibraryLoad*) are measured, counted against the limit and reported apart
 from allocations (region slots' context[] and module[]), and given back on destroy/unload or
-when their context goes. IPC imports are not charged to the importer (docs/libvgpu.md §4).
+when their context goes. IPC and pool-pointer imports are charged to the importer until it
+closes or frees them.
 """
 
 from __future__ import annotations
@@ -60,10 +61,18 @@ class TestModules:
         r = cli.run("init", "modload", "data", "100m", "alloc", "157m", "alloc", "156m", env=LIMIT)
         assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
 
-    def test_one_module_is_charged_at_most_256_mib(self, cli):
+    def test_a_large_module_is_charged_in_full(self, cli):
+        # huge static __device__ data: the whole growth is charged (it was capped at 256 MiB,
+        # so a 300 MiB module fitted a 256 MiB limit exactly)
         env = {**LIMIT, "CUDA_DEVICE_MEMORY_LIMIT": "1g"}
         r = cli.run("init", "modload", "data", "300m", "nvmlmem", "0", env=env)
-        assert r.op(2) == ["nvmlmem", "0", str(1024 * MIB), str(256 * MIB), str(768 * MIB)]
+        assert r.op(2) == ["nvmlmem", "0", str(1024 * MIB), str(300 * MIB), str(724 * MIB)]
+
+    def test_a_module_over_the_limit_is_refused(self, cli):
+        r = cli.run("init", "modload", "data", "300m", "meminfo", "calls", "cuModuleUnload", env=LIMIT)
+        assert r.codes("modload") == [CUDA_ERROR_OUT_OF_MEMORY]
+        assert r.op(2) == meminfo(256)
+        assert r.op(3) == ["calls", "0", "1"]  # loaded by the driver, unloaded again before the caller saw it
 
     def test_empty_module_charges_nothing(self, cli):
         r = cli.run("init", "modload", "data", "0", "meminfo", "free", "0", "meminfo", env=LIMIT)
@@ -150,16 +159,32 @@ def test_region_reports_context_and_module_apart(cli):
     assert counters == (96 * MIB, 10 * MIB, 80 * MIB, 6 * MIB)
 
 
-def test_ipc_import_is_not_charged_to_the_importer(cli):
+def test_ipc_import_is_charged_to_the_importer_until_closed(cli):
+    # the exporter's free does not end the charge: the import keeps the memory mapped
     r = cli.run(
-        "init", "alloc", "16m", "ipcopen", "0", "meminfo", "free", "1", "meminfo", "calls",
-        "cuIpcOpenMemHandle_v2", env=LIMIT,
+        "init", "alloc", "16m", "ipcopen", "0", "meminfo", "free", "0", "meminfo", "free", "1", "meminfo",
+        env=LIMIT,
     )  # fmt: skip
     assert r.codes("ipcopen") == [CUDA_SUCCESS]
-    assert r.op(3) == meminfo(240)  # the exporter's 16 MiB, once
-    assert r.codes("free") == [CUDA_SUCCESS]
-    assert r.op(5) == meminfo(240)
-    assert r.op(6) == ["calls", "0", "1"]
+    assert r.op(3) == meminfo(224)  # exporter and importer: counted twice while both hold it
+    assert r.op(5) == meminfo(240)  # exported buffer freed, the import still maps it
+    assert r.codes("free") == [CUDA_SUCCESS, CUDA_SUCCESS]  # cuIpcCloseMemHandle
+    assert r.op(7) == meminfo(256)
+
+
+def test_ipc_import_over_the_limit_is_closed_again(cli):
+    r = cli.run("init", "alloc", "200m", "ipcopen", "0", "calls", "cuIpcCloseMemHandle", "meminfo", env=LIMIT)
+    assert r.codes("ipcopen") == [CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.op(3) == ["calls", "0", "1"]
+    assert r.op(4) == meminfo(56)
+
+
+def test_pool_pointer_import_is_charged_until_freed(cli):
+    r = cli.run("init", "async", "100m", "poolimport", "0", "meminfo", "free", "1", "meminfo",
+                "poolimport", "0", "poolimport", "0", env=LIMIT)  # fmt: skip
+    assert r.codes("poolimport") == [CUDA_SUCCESS, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]
+    assert r.op(3) == meminfo(56)
+    assert r.op(5) == meminfo(156)
 
 
 @pytest.mark.parametrize(
@@ -172,7 +197,11 @@ def test_ipc_import_is_not_charged_to_the_importer(cli):
         ("cuModuleLoadData", "12000", "libvgpu.so:cuModuleLoadData"),
         ("cuLibraryLoadData", "12000", "libvgpu.so:cuLibraryLoadData"),
         ("cuLibraryUnload", "12000", "libvgpu.so:cuLibraryUnload"),
-        ("cuIpcOpenMemHandle", "12000", "libcuda.so.1:cuIpcOpenMemHandle_v2"),
+        ("cuIpcOpenMemHandle", "11000", "libvgpu.so:cuIpcOpenMemHandle_v2"),
+        ("cuIpcOpenMemHandle", "4010", "libvgpu.so:cuIpcOpenMemHandle"),
+        ("cuIpcCloseMemHandle", "12000", "libvgpu.so:cuIpcCloseMemHandle"),
+        ("cuMemPoolImportPointer", "12000", "libvgpu.so:cuMemPoolImportPointer"),
+        ("cuIpcOpenMemHandle", "12000", "libvgpu.so:cuIpcOpenMemHandle_v2"),
     ],
 )
 def test_new_hooks_through_cugetprocaddress(cli, sym, ver, want):
@@ -185,7 +214,7 @@ def test_new_hooks_through_dlsym(cli):
     assert [f[1] for f in r.lines] == [
         "libvgpu.so:cuModuleLoad",
         "libvgpu.so:cuCtxCreate_v3",
-        "libcuda.so.1:cuIpcCloseMemHandle",
+        "libvgpu.so:cuIpcCloseMemHandle",
     ]
 
 

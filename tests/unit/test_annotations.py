@@ -5,6 +5,14 @@ import pytest
 from hami import annotations as A
 from hami.errors import AnnotationError
 from hami.model import ContainerDevice, Device
+from hami.registration import (
+    decode_node_devices_colon,
+    decode_node_devices_json,
+    decode_pair_scores,
+    encode_node_devices_colon,
+    encode_node_devices_json,
+    encode_pair_scores,
+)
 
 # Worked examples of hami-legacy-spec §1.6.
 V100_JSON = (
@@ -23,7 +31,7 @@ DCU = (
 
 
 def test_node_json_worked_example_round_trips_byte_for_byte():
-    devices = A.decode_node_devices_json(V100_JSON)
+    devices = decode_node_devices_json(V100_JSON)
     assert devices == [
         Device(
             "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec", 0, 10, 32768, 100, "NVIDIA-Tesla V100-PCIE-32GB", 0
@@ -32,11 +40,11 @@ def test_node_json_worked_example_round_trips_byte_for_byte():
             "GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448", 1, 10, 32768, 100, "NVIDIA-Tesla V100-PCIE-32GB", 1
         ),
     ]
-    assert A.encode_node_devices_json(devices) == V100_JSON
+    assert encode_node_devices_json(devices) == V100_JSON
 
 
 def test_node_json_missing_health_means_false_and_unknown_keys_ignored():
-    (d,) = A.decode_node_devices_json(
+    (d,) = decode_node_devices_json(
         '[{"id":"GPU-a","count":4,"devmem":100,"devcore":100,"devicevendor":"x"}]'
     )
     assert d.health is False and d.index == 0 and d.numa == 0 and d.mode == "hami-core"
@@ -45,7 +53,7 @@ def test_node_json_missing_health_means_false_and_unknown_keys_ignored():
 def test_node_json_go_escaping():
     d = Device("GPU-<a>&", 0, 1, 1, 100, "NVIDIA-X")
     assert (
-        A.encode_node_devices_json([d])
+        encode_node_devices_json([d])
         == '[{"id":"GPU-\\u003ca\\u003e\\u0026","count":1,"devmem":1,"devcore":100,"type":"NVIDIA-X","mode":"hami-core","health":true}]'
     )
 
@@ -63,20 +71,20 @@ def test_node_json_go_escaping():
 )
 def test_node_json_rejects(value, msg):
     with pytest.raises(AnnotationError, match=msg.replace("(", r"\(").replace(")", r"\)")):
-        A.decode_node_devices_json(value)
+        decode_node_devices_json(value)
 
 
 def test_colon_worked_example_round_trips():
-    devices = A.decode_node_devices_colon(DCU, vendor="DCU")
+    devices = decode_node_devices_colon(DCU, vendor="DCU")
     assert [(d.uuid, d.index, d.numa, d.count, d.devmem, d.type, d.vendor) for d in devices] == [
         ("DCU-6b1a-01", 0, 0, 4, 16368, "DCU-Z100", "DCU"),
         ("DCU-6b1a-02", 1, 1, 4, 16368, "DCU-Z100", "DCU"),
     ]
-    assert A.encode_node_devices_colon(devices) == DCU
+    assert encode_node_devices_colon(devices) == DCU
 
 
 def test_colon_legacy_seven_fields():
-    (d,) = A.decode_node_devices_colon(
+    (d,) = decode_node_devices_colon(
         "GPU-ebe7c3f7-303d-558d-435e-99a160631fe4,10,7680,100,NVIDIA-Tesla P4,0,true:", vendor="NVIDIA"
     )
     assert (d.uuid, d.count, d.devmem, d.type, d.health, d.index, d.mode) == (
@@ -101,7 +109,7 @@ def test_colon_legacy_seven_fields():
 )
 def test_colon_rejects(value, msg):
     with pytest.raises(AnnotationError, match=msg):
-        A.decode_node_devices_colon(value, vendor="DCU")
+        decode_node_devices_colon(value, vendor="DCU")
 
 
 def test_pod_list_worked_example():
@@ -171,10 +179,10 @@ def test_handshake():
 
 def test_pair_scores_round_trip_and_errors():
     value = '[{"uuid":"GPU-a","score":{"GPU-b":220,"GPU-c":10}}]'
-    assert A.decode_pair_scores(value) == {"GPU-a": {"GPU-b": 220, "GPU-c": 10}}
-    assert A.encode_pair_scores(A.decode_pair_scores(value)) == value
+    assert decode_pair_scores(value) == {"GPU-a": {"GPU-b": 220, "GPU-c": 10}}
+    assert encode_pair_scores(decode_pair_scores(value)) == value
     with pytest.raises(AnnotationError, match="entry 0 \\(GPU-a\\): 'score'"):
-        A.decode_pair_scores('[{"uuid":"GPU-a","score":{"GPU-b":"x"}}]')
+        decode_pair_scores('[{"uuid":"GPU-a","score":{"GPU-b":"x"}}]')
 
 
 def test_rfc3339_of_offset_zone():

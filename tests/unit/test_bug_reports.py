@@ -14,8 +14,10 @@ import pytest
 
 from hami import annotations as A
 from hami.cluster import ClusterState
-from hami.fit import ContainerKind, ContainerSpec, NodeView, collapse_grants, fit_pod
+from hami.fit import NodeView, fit_pod
 from hami.model import ContainerDevice, ContainerRequest, Device, DeviceUsage, Selection
+from hami.pods import ContainerKind, ContainerSpec, collapse_grants
+from hami.registration import decode_node_devices_colon, encode_node_devices_colon
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors
 from tests.builders import cards, ctr, node, pod
@@ -270,7 +272,7 @@ def dcu_node(name, n=2):
     return {
         "metadata": {
             "name": name,
-            "annotations": {"hami.io/node-dcu-register": A.encode_node_devices_colon(devs)},
+            "annotations": {"hami.io/node-dcu-register": encode_node_devices_colon(devs)},
         }
     }
 
@@ -533,7 +535,7 @@ def test_blank_policy_annotations_mean_default_without_a_warning():
 )
 def test_colon_registration_rejects_negative_capacity_like_the_json_form(value, message):
     with pytest.raises(A.AnnotationError) as e:
-        A.decode_node_devices_colon(value, vendor="DCU")
+        decode_node_devices_colon(value, vendor="DCU")
     assert str(e.value) == message
 
 

@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.model import Device
+from hami.registration import encode_node_devices_json
 from tests.builders import V100
 
 NODES = ("n0", "n1", "n2")
@@ -48,7 +49,7 @@ def registration(name: str, cards: dict[int, tuple[bool, int]]) -> dict[str, Any
         Device(f"GPU-{name}-{i}", i, 4, mem, 100, V100, i % 2, health=ok)
         for i, (ok, mem) in sorted(cards.items())
     ]
-    return {"metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(devs)}}}
+    return {"metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json(devs)}}}
 
 
 def new_pod(uid: str, shape: tuple[int, int, int, int, bool]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from hami import annotations as A
 from hami.annotations import MigAllocation
 from hami.errors import ConfigError
 from hami.model import ContainerDevice, MigPlacement
+from hami.registration import encode_node_devices_json
 from hami.vendors.nvidia_mig import MigProfileAllowlist
 from kubefakes.nvml import A100_40GB, H100_80GB, H200_141GB, V100, FakeNvml, gpu
 
@@ -98,7 +99,7 @@ def test_mig_mode_registers_the_allowed_profiles_with_nvmls_geometry():
     ]  # fmt: skip
     state = DeviceState(cards, split_count=10)
     (dev, _) = state.registration(memory_scaling=1, core_scaling=1, mode="mig")
-    encoded = A.encode_node_devices_json([dev])
+    encoded = encode_node_devices_json([dev])
     assert encoded.startswith(
         f'[{{"id":"{a100.uuid}","count":7,"devmem":40960,"devcore":100,"type":"NVIDIA A100-SXM4-40GB",'
         '"mode":"mig","migProfiles":[{"name":"1g.5gb","memoryMB":4864,"core":15,"sliceCount":1,'

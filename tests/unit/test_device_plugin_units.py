@@ -553,7 +553,7 @@ def test_documented_cards_yaml_gives_the_documented_registration():
 
     import yaml
 
-    from hami.annotations import encode_node_devices_json
+    from hami.registration import encode_node_devices_json
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "device-plugin.md").read_text()
     cards_yaml = re.search(r"```yaml\n(cards:\n.*?)```", text, re.S)

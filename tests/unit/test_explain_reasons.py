@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from hami.cluster import ClusterState
-from hami.fit import Reason
 from hami.model import ContainerRequest
 from hami.pods import ContainerKind, ContainerSpec
+from hami.reason_words import Reason
 from hami.reasons import humanize, parse_reason_text, sentence
 from hami.tools.explain import explain_pod
 from hami.tools.snapshot import Listed, Snapshot

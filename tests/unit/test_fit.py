@@ -3,8 +3,10 @@ from collections import Counter
 import pytest
 
 from hami.cluster import ClusterState
-from hami.fit import ContainerKind, ContainerSpec, NodeFit, NodeView, Reason, collapse_grants, fit_pod
+from hami.fit import NodeFit, NodeView, fit_pod
 from hami.model import ContainerDevice, ContainerRequest, DeviceUsage, Selection
+from hami.pods import ContainerKind, ContainerSpec, collapse_grants
+from hami.reason_words import Reason
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors
 from tests.builders import cards, ctr, node, pod

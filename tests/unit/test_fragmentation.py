@@ -28,6 +28,7 @@ from hami.fragmentation import (
     usage_of,
 )
 from hami.model import Device, DeviceUsage
+from hami.registration import encode_node_devices_json
 from hami.scoring import CardPolicy, NodePolicy, choose_policies, parse_card_policy, parse_node_policy
 
 HALF = Shape(1, 0, 50, 50)  # half a card: 50 % of memory and cores
@@ -266,7 +267,7 @@ def test_policy_names_parse_for_node_card_and_pod():
 
 def reg_node(name: str, cards: list[Device], cpu: str = "64") -> dict:
     return {
-        "metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(cards)}},
+        "metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json(cards)}},
         "status": {"allocatable": {"cpu": cpu}},
     }
 

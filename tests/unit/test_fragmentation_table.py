@@ -26,6 +26,7 @@ from hami.fragmentation import (
 )
 from hami.fragmentation_table import NodeTermTable
 from hami.model import Device
+from hami.registration import encode_node_devices_json
 
 SHAPES = [
     Shape(1, 0, 50, 50),
@@ -77,7 +78,7 @@ def test_vectorised_value_is_the_scalar_value_bit_for_bit(n, cpu_weight):
 
 
 def reg_node(name: str, cards: list[Device], cpu: str | None) -> dict:
-    node = {"metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: A.encode_node_devices_json(cards)}}}
+    node = {"metadata": {"name": name, "annotations": {A.NVIDIA_REGISTER: encode_node_devices_json(cards)}}}
     if cpu is not None:
         node["status"] = {"allocatable": {"cpu": cpu}}
     return node

@@ -10,11 +10,12 @@ import pytest
 from hami import annotations as A
 from hami.handshake import check_node
 from hami.model import Device
+from hami.registration import encode_node_devices_json
 from hami.vendors import build_vendors
 
 NOW = datetime(2026, 11, 29, 12, 0, 0)
 VENDORS = list(build_vendors().values())
-REG = A.encode_node_devices_json([Device("GPU-a", 0, 10, 32768, 100, "NVIDIA-Tesla V100-PCIE-32GB")])
+REG = encode_node_devices_json([Device("GPU-a", 0, 10, 32768, 100, "NVIDIA-Tesla V100-PCIE-32GB")])
 STAMP = "Requesting_2026-11-29 12:00:00"
 
 

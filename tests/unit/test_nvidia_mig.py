@@ -15,7 +15,7 @@ from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.config import load_config
 from hami.errors import AnnotationError, ConfigError, InvalidRequest
-from hami.fit import ContainerKind, ContainerSpec, NodeView, Reason, fit_container, fit_pod
+from hami.fit import NodeView, fit_container, fit_pod
 from hami.model import (
     ContainerDevice,
     ContainerRequest,
@@ -26,7 +26,10 @@ from hami.model import (
     MigSlot,
     Selection,
 )
+from hami.pods import ContainerKind, ContainerSpec
+from hami.reason_words import Reason
 from hami.reasons import humanize
+from hami.registration import decode_node_devices_json, encode_node_devices_json, mig_profile_to_json
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors, nvidia_mig
 from hami.vendors.nvidia import NvidiaVendor
@@ -212,7 +215,7 @@ def test_explicit_profile_annotation():
 def test_mig_profile_registration_wire_format():
     """HAMi TestMigProfileUsesCompactWireFormat (instanceCount is not on the wire)."""
     p = MigProfile("1g.5gb", 4864, 15, 1, (P(6, 1),))
-    assert A._go_json(A.mig_profile_to_json(p)) == (
+    assert A.go_json(mig_profile_to_json(p)) == (
         '{"name":"1g.5gb","memoryMB":4864,"core":15,"sliceCount":1,"placements":[{"start":6,"size":1}]}'
     )
 
@@ -224,16 +227,16 @@ def test_registration_with_mig_profiles_decodes_and_encodes_in_hamis_key_order()
         '"health":true,"mode":"mig","migProfiles":[{"name":"1g.5gb","memoryMB":5120,"core":14,"sliceCount":1,'
         '"instanceCount":7,"multiprocessorCount":14,"placements":[{"start":6,"size":1}]}]}]'
     )
-    (d,) = A.decode_node_devices_json(raw)
+    (d,) = decode_node_devices_json(raw)
     assert d.mode == "mig" and d.mig_profiles == (MigProfile("1g.5gb", 5120, 14, 1, (P(6, 1),)),)
     # Go's DeviceInfo field order: ..., mode, migProfiles, health
-    assert A.encode_node_devices_json([d]) == (
+    assert encode_node_devices_json([d]) == (
         '[{"id":"GPU-0","count":7,"devmem":40960,"devcore":100,"type":"NVIDIA-A100-SXM4-40GB","mode":"mig",'
         '"migProfiles":[{"name":"1g.5gb","memoryMB":5120,"core":14,"sliceCount":1,'
         '"placements":[{"start":6,"size":1}]}],"health":true}]'
     )
     with pytest.raises(AnnotationError, match=r"migProfiles\[0\].*'name'"):
-        A.decode_node_devices_json('[{"id":"GPU-0","devmem":1,"migProfiles":[{"memoryMB":1}]}]')
+        decode_node_devices_json('[{"id":"GPU-0","devmem":1,"migProfiles":[{"memoryMB":1}]}]')
 
 
 def test_allocations_encode_as_hami_writes_them():

@@ -70,7 +70,6 @@ async def test_relative_socket_dir_is_served_from_the_working_directory(tmp_path
     ("argv", "message"),
     [
         (["--hook-path", "usr/local"], "--hook-path 'usr/local': must be an absolute host path (kubelet mounts it)"),
-        (["--lock-dir", "vgpulock"], "--lock-dir 'vgpulock': must be an absolute host path (kubelet mounts it)"),
         (["--device-config", "/nonexistent/device-config.yaml"],
          "--device-config '/nonexistent/device-config.yaml': no such file"),
     ],

@@ -5,10 +5,12 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hami.fit import NodeView, Reason, core_reason, fit_pod
+from hami.card_checks import core_reason
+from hami.fit import NodeView, fit_pod
 from hami.model import PERCENTAGE_UNSET, ContainerRequest, Device, DeviceUsage, Selection
 from hami.pods import ContainerKind, ContainerSpec
 from hami.prefilter import CardSummary, Need, pod_needs
+from hami.reason_words import Reason
 from hami.scoring import CardPolicy, NodePolicy, PolicyChoice
 from hami.vendors import build_vendors
 

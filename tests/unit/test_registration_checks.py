@@ -11,10 +11,15 @@ import logging
 
 import pytest
 
-from hami import annotations as A
 from hami.cluster import ClusterState
 from hami.errors import AnnotationError
 from hami.model import Device
+from hami.registration import (
+    decode_node_devices_colon,
+    decode_node_devices_json,
+    encode_node_devices_colon,
+    encode_node_devices_json,
+)
 from tests.builders import V100, ctr, node, pod
 
 CARD = "GPU-00552014-5c87-89ac-b1a6-7b53aa24b0ec"
@@ -39,9 +44,9 @@ def test_one_uuid_twice_makes_the_node_unusable_and_no_pod_gets_the_card_twice(c
 
 
 def test_one_index_twice_is_malformed():
-    value = A.encode_node_devices_json([card("GPU-a", 3), card("GPU-b", 3)])
+    value = encode_node_devices_json([card("GPU-a", 3), card("GPU-b", 3)])
     with pytest.raises(AnnotationError) as e:
-        A.decode_node_devices_json(value)
+        decode_node_devices_json(value)
     assert str(e.value) == "devices 0 (GPU-a) and 1 (GPU-b) both have index 3; every card needs its own index"
 
 
@@ -49,27 +54,27 @@ def test_one_index_twice_is_malformed():
 def test_zero_or_negative_memory_is_malformed_in_both_forms(mem, shown):
     devices = [card("GPU-a", 0), card("GPU-b", 1, mem=mem)]
     with pytest.raises(AnnotationError) as e:
-        A.decode_node_devices_json(A.encode_node_devices_json(devices))
+        decode_node_devices_json(encode_node_devices_json(devices))
     want = {"0": "device 1 (GPU-b): field 'devmem' must be > 0 MiB, got 0",
             "-1": "device 1 (GPU-b): field 'devmem' must be >= 0, got -1"}[shown]  # fmt: skip
     assert str(e.value) == want
-    colon = A.encode_node_devices_colon(devices)
+    colon = encode_node_devices_colon(devices)
     with pytest.raises(AnnotationError) as e:
-        A.decode_node_devices_colon(colon, vendor="HYGON")
+        decode_node_devices_colon(colon, vendor="HYGON")
     want = {"0": "device 1 (GPU-b): field 'devmem' must be > 0 MiB, got 0",
             "-1": "device 1: field 'devmem' must be >= 0, got -1"}[shown]  # fmt: skip
     assert str(e.value) == want
 
 
 def test_colon_form_rejects_a_uuid_twice():
-    colon = A.encode_node_devices_colon([card("GPU-a", 0), card("GPU-a", 1)])
+    colon = encode_node_devices_colon([card("GPU-a", 0), card("GPU-a", 1)])
     with pytest.raises(AnnotationError, match=r"^devices 0 and 1 both have id 'GPU-a'; every card must be listed once$"):
-        A.decode_node_devices_colon(colon, vendor="HYGON")
+        decode_node_devices_colon(colon, vendor="HYGON")
 
 
 def test_a_valid_registration_still_decodes_unchanged():
     devices = [card("GPU-a", 0), card("GPU-b", 1, mem=1)]
-    assert A.decode_node_devices_json(A.encode_node_devices_json(devices)) == devices
+    assert decode_node_devices_json(encode_node_devices_json(devices)) == devices
 
 
 def test_the_node_recovers_when_the_plugin_fixes_its_registration():

@@ -10,7 +10,7 @@ import pytest
 
 from hami.config import DeviceConfig
 from hami.scoring import NodePolicy
-from hami.simulate import engine
+from hami.simulate import replay
 from hami.simulate.candidates import PolicyOrder, Refusals
 from hami.simulate.engine import Mode, parse_policy, run
 from hami.simulate.fragorder import FragmentationOrder
@@ -22,7 +22,7 @@ CFG = DeviceConfig()
 def _run(workload, policy, mode, *, narrowed, monkeypatch, first=None):
     with monkeypatch.context() as m:
         if not narrowed:
-            m.setattr(engine._Replay, "_plan", lambda self, obj, kind: None)
+            m.setattr(replay.Replay, "_plan", lambda self, obj, kind: None)
         if first is not None:
             m.setattr(PolicyOrder.split, "__defaults__", (first,))
             m.setattr(FragmentationOrder.split, "__defaults__", (first,))
@@ -55,13 +55,13 @@ def test_same_placements_and_failure_reasons_as_one_call_with_every_node(policy,
 def test_the_narrowed_replay_hands_the_filter_few_names(policy, monkeypatch):
     w = generate_default(config=CFG, seed=2, nodes=200, pods=900)
     sizes = []
-    real = engine.ClusterState.filter
+    real = replay.ClusterState.filter
 
     def counting(self, pod, node_names, **kw):
         sizes.append(len(node_names))
         return real(self, pod, node_names, **kw)
 
-    monkeypatch.setattr(engine.ClusterState, "filter", counting)
+    monkeypatch.setattr(replay.ClusterState, "filter", counting)
     r = run(w, config=CFG, policy=parse_policy(policy), mode=Mode.FILL, seed=1)
     gpu_calls = r.gpu_pods
     assert len(sizes) >= gpu_calls

@@ -11,6 +11,7 @@ import pytest
 from hami import annotations as A
 from hami.config import DeviceConfig, load_config
 from hami.errors import InvalidRequest
+from hami.registration import decode_node_devices_json
 from hami.simulate import kubeyaml, openb
 from hami.simulate.generate import generate_default
 from hami.simulate.workload import DEFAULT_GPU_MODELS, TraceError, milli_to_percent, parse_gpu_models
@@ -34,7 +35,7 @@ def test_openb_node_registers_cards_as_the_device_plugin_would(tmp_path):
     p = write(tmp_path, "n.csv", NODE_HEADER + "node-a,64000,262144,4,V100M32\nnode-b,8000,61440,0,\n")
     a, b = openb.load_nodes(p, config=CFG)
     assert (a.name, a.cpu_milli, a.memory_mib, a.max_pods) == ("node-a", 64000, 262144, 110)
-    devices = A.decode_node_devices_json(a.obj["metadata"]["annotations"][A.NVIDIA_REGISTER])
+    devices = decode_node_devices_json(a.obj["metadata"]["annotations"][A.NVIDIA_REGISTER])
     assert [(d.uuid, d.index, d.count, d.devmem, d.devcore, d.type, d.numa) for d in devices] == [
         ("GPU-node-a-0", 0, 10, 32768, 100, "NVIDIA-V100M32", 0),
         ("GPU-node-a-1", 1, 10, 32768, 100, "NVIDIA-V100M32", 0),

@@ -31,12 +31,21 @@ def test_render_writes_the_libvgpu_facts_only_under_a_versioned_header():
         "CUDA_DEVICE_MEMORY_LIMIT_1=2000m",
         "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/5d3c.cache",
         "CUDA_DEVICE_SM_LIMIT=30",
+        "CUDA_DISABLE_CONTROL=false",
         "CUDA_TASK_PRIORITY=0",
         "LIBVGPU_CARD_DIR=/usr/local/vgpu/cards",
     ]
     assert vc.parse(text) == {k: v for k, v in ENVS.items() if vc.is_config_name(k)} | {
-        "CUDA_TASK_PRIORITY": "0"
+        "CUDA_TASK_PRIORITY": "0", "CUDA_DISABLE_CONTROL": "false"
     }
+
+
+def test_render_states_the_switch_and_the_priority_libvgpu_takes_from_the_file_alone():
+    """Where the file exists libvgpu ignores the environment for these: the file says them."""
+    facts = vc.parse(vc.render(ENVS))
+    assert (facts["CUDA_DISABLE_CONTROL"], facts["CUDA_TASK_PRIORITY"]) == ("false", "1")
+    facts = vc.parse(vc.render({**ENVS, "CUDA_DISABLE_CONTROL": "true"}, priority="0"))
+    assert (facts["CUDA_DISABLE_CONTROL"], facts["CUDA_TASK_PRIORITY"]) == ("true", "0")
 
 
 @pytest.mark.parametrize(
