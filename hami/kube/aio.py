@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 import orjson
@@ -27,9 +27,6 @@ from kubernetes.client.exceptions import ApiException
 from yarl import URL
 
 from hami.kube.retry import acall_with_retries, classify, transport_error
-
-if TYPE_CHECKING:
-    from hami.kube.transport import ApiTransport
 
 #: Transport failures of aiohttp worth another try (the request may not have reached the server).
 ASYNC_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, ConnectionError, TimeoutError)
@@ -53,10 +50,26 @@ def ssl_context(cfg: Any) -> ssl.SSLContext | None:
     return ctx
 
 
+class _Owner(Protocol):
+    """What the transport reads of its owner (`hami.kube.transport.ApiTransport`, which imports this
+    module: named by what it asks, not by its class)."""
+
+    api_client: Any
+    timeout_s: float
+    retries: int
+    retry_initial_wait_s: float
+    retry_max_wait_s: float
+    _host: str
+    _limiter: Any
+    _auth_cache: Any
+
+    def _auth_headers(self) -> dict[str, str]: ...
+
+
 class AsyncTransport:
     """Sends `KubeClient`'s requests with aiohttp on the running loop (see module docstring)."""
 
-    def __init__(self, client: ApiTransport) -> None:
+    def __init__(self, client: _Owner) -> None:
         self._client = client
         cfg = client.api_client.configuration
         self._ssl = ssl_context(cfg)
