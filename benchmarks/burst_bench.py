@@ -25,7 +25,14 @@ in parallel, back to back). Prints, per mode, the time until all pods are ``bind
 ratio to the ideal, failed binds and the longest bind.
 
     python benchmarks/burst_bench.py [--pods 200] [--nodes 4] [--allocate-ms 300]
-                                     [--modes pipelined,fail-on-locked] [--timeout 600]
+                                     [--modes pipelined,fail-on-locked] [--timeout 600] [--load 2]
+
+``--load F`` is the loaded variant: busy-loop processes are started so that this process and they
+together ask for F times the machine's cores (F x cores - 1 burners), as when the extender shares its
+node with other work; they are stopped at the end. Under load a handoff takes longer, so waiters
+deeper in a queue are told at once that they cannot be served within ``--bind-lock-wait`` (and
+back off, keeping their place); the figure to watch is still: every pod bound, and the time against
+the serial floor (the ideal above). The load average at the start and at the end is printed.
 
 Never part of the tests.
 """
@@ -37,6 +44,8 @@ import asyncio
 import heapq
 import itertools
 import json
+import multiprocessing
+import os
 import sys
 import time
 from pathlib import Path
@@ -156,6 +165,7 @@ class Burst:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             self.handoffs = server.lock_queues.handoffs
+            self.told_early = getattr(server.lock_queues, "told_early", 0)
             return elapsed
         finally:
             await server.stop()
@@ -229,19 +239,54 @@ class Burst:
                 self.done.set()
 
 
+def burn() -> None:
+    """A burner process: one core's worth of runnable work until it is terminated."""
+    while True:
+        pass
+
+
+def start_burners(load: float) -> list[multiprocessing.Process]:
+    cores = os.cpu_count() or 1
+    n = max(0, round(load * cores) - 1)  # this process is the one more
+    procs = [multiprocessing.Process(target=burn, daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def loadavg() -> str:
+    try:
+        return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
 async def main_async(args: argparse.Namespace) -> None:
     per_node = -(-args.pods // args.nodes)
     ideal = per_node * args.allocate_ms / 1000
     print(f"{args.pods} pods, {args.nodes} nodes ({per_node} pods each fill a node), allocate "
           f"{args.allocate_ms:g} ms per pod; ideal {ideal:.1f}s")  # fmt: skip
-    for mode in args.modes.split(","):
-        burst = Burst(args, mode)
-        elapsed = await burst.run()
-        bound = len(burst.allocated)
-        longest = max(burst.bind_s) if burst.bind_s else 0.0
-        print(f"{mode:15s} (--bind-lock-wait {MODES[mode]}): all {bound}/{args.pods} pods bind-phase success "
-              f"in {elapsed:.1f}s = {elapsed / ideal:.2f}x ideal; failed binds {burst.failed_binds}, binds that "
-              f"waited for the lock {burst.handoffs}, longest bind {longest:.1f}s")  # fmt: skip
+    burners = start_burners(args.load) if args.load > 0 else []
+    try:
+        if burners:
+            print(f"loaded: {len(burners)} burner processes on {os.cpu_count()} cores (--load {args.load:g})")
+            time.sleep(2.0)  # let the burners get going
+        print(f"load average (1/5/15 min) at the start: {loadavg()}")
+        for mode in args.modes.split(","):
+            burst = Burst(args, mode)
+            elapsed = await burst.run()
+            bound = len(burst.allocated)
+            longest = max(burst.bind_s) if burst.bind_s else 0.0
+            print(f"{mode:15s} (--bind-lock-wait {MODES[mode]}): {bound}/{args.pods} pods bind-phase success "
+                  f"in {elapsed:.1f}s = {elapsed / ideal:.2f}x ideal; failed binds {burst.failed_binds} "
+                  f"({burst.told_early} told early), binds that waited for the lock {burst.handoffs}, "
+                  f"longest bind {longest:.1f}s")  # fmt: skip
+        print(f"load average (1/5/15 min) at the end: {loadavg()}")
+    finally:
+        for p in burners:
+            p.terminate()
+        for p in burners:
+            p.join(5)
 
 
 def main() -> None:
@@ -252,6 +297,8 @@ def main() -> None:
     p.add_argument("--modes", default="pipelined,fail-on-locked",
                    help="comma-separated: pipelined (--bind-lock-wait 25s), fail-on-locked (HAMi: 0)")  # fmt: skip
     p.add_argument("--timeout", type=float, default=600.0, help="give a mode up after this many seconds")
+    p.add_argument("--load", type=float, default=0.0,
+                   help="loaded variant: burner processes so that F x cores are asked for (e.g. 2)")  # fmt: skip
     args = p.parse_args()
     for m in args.modes.split(","):
         if m not in MODES:

@@ -31,7 +31,15 @@ class Conflict(HamiError):
 
 
 class NodeLockContention(Conflict):
-    """The node lock is held by another live pod."""
+    """The node lock is held by another live pod.
+
+    `expires_in_s`: seconds until the lock may be taken over by its age (``--node-lock-timeout``),
+    as the locker's clock sees it; None when unknown. A bind waiting for the lock wakes then.
+    """
+
+    def __init__(self, message: str, *, expires_in_s: float | None = None) -> None:
+        super().__init__(message)
+        self.expires_in_s = expires_in_s
 
 
 class ApiError(HamiError):

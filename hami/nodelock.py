@@ -276,7 +276,7 @@ def lock_node(
     lock this process took for another UID of the same name is rewritten),
     locked longer than `expiry_s` seconds ago, locked with a malformed value, or locked by a dangling
     owner (see module docstring). Raises NodeLockContention when another live pod holds it (the
-    message names the holder and when it locked), NotFound when the node does not exist, Conflict
+    message names the holder and when it locked; `expires_in_s` says when its age frees it), NotFound when the node does not exist, Conflict
     when the node kept changing under us through all retries.
     """
     clock = now or (lambda: datetime.now().astimezone())
@@ -315,7 +315,8 @@ def lock_node(
                         f"node {node_name} is locked by {holder} since "
                         f"{encode_node_lock(NodeLock(time=lock.time))} ({int(age_s)}s ago; "
                         f"expires after {int(expiry_s)}s); pod {namespace}/{pod_name} must wait until "
-                        "that pod's devices are allocated"
+                        "that pod's devices are allocated",
+                        expires_in_s=expiry_s - age_s,
                     )
                 log.info("node %s: taking over lock from %s", node_name, why)
             else:

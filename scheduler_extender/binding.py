@@ -9,7 +9,10 @@ Rules this module keeps (k8s-protocols §1.2/§1.8, hami-legacy-spec §2.7/§2.9
   A failure after the lock releases the lock (owner-checked); a pod or node
   that is gone also releases the reservation. Other failures keep the reservation: the pod still carries
   its allocation annotations (so a rebuild would count it too) until kube-scheduler filters it again,
-  which replaces the reservation, or the pod is deleted (HAMi §2.9).
+  which replaces the reservation, or the pod is deleted (HAMi §2.9). With ``--filter-mode all`` the
+  placement is made by bind itself, so a bind that cannot take the node lock drops it (reservation and
+  annotations): the next bind places the pod afresh.
+* A pod whose devices' plugins take no node lock never waits in a node's lock queue.
 * Binding an already-bound pod to the same node succeeds (kube-scheduler may retry after a timeout).
 * With ``--async-record`` bind first waits for the filter's placement write and fails if it failed;
   with ``--filter-mode all`` the cards are chosen here, for the node kube-scheduler picked.
@@ -51,7 +54,13 @@ class BindFailure(Exception):
 
 
 class LockHeld(BindFailure):
-    """The node lock is held by another live pod (the bind may wait for it: `Settings.bind_lock_wait_s`)."""
+    """The node lock is held by another live pod (the bind may wait for it: `Settings.bind_lock_wait_s`).
+
+    `expires_in_s`: seconds until the holder's lock expires (`NodeLockContention.expires_in_s`)."""
+
+    def __init__(self, reason: str, message: str, *, expires_in_s: float | None = None) -> None:
+        super().__init__(reason, message)
+        self.expires_in_s = expires_in_s
 
 
 class BindVerbs(VerbState):
@@ -61,6 +70,8 @@ class BindVerbs(VerbState):
         # Provided by the filter side (scheduler_extender.filtering.FilterVerbs).
         def wait_recorded(self, uid: str, *, timeout_s: float) -> str | None: ...
         def _record(self, pod: dict[str, Any], outcome: FilterOutcome) -> str | None: ...
+        def _cleared(self) -> dict[str, str | None]: ...
+        def _clear(self, pod: dict[str, Any], token: int | None = None) -> None: ...
 
     async def bind(self, body: bytes) -> dict[str, str]:
         """Answer one ExtenderBindingArgs body with ``{"Error": ...}`` (never raises)."""
@@ -100,16 +111,33 @@ class BindVerbs(VerbState):
         return result
 
     async def _bind_waiting(self, a: BindArgs, token: int | None = None) -> None:
+        """Bind, waiting in the node's FIFO while its lock is held (`_bind_queued`).
+
+        ``--filter-mode all``: a bind that placed the pod and then could not take the node lock
+        releases that placement (the reservation and the annotations), so the capacity is free at once.
+        """
+        try:
+            await self._bind_queued(a, token)
+        except BindFailure as e:
+            # Only a failure before the Binding (the lock): after it the pod may be bound after all.
+            if self.settings.filter_mode == "all" and isinstance(e, LockHeld):
+                await asyncio.to_thread(self._unplace, a, token)
+            raise
+
+    async def _bind_queued(self, a: BindArgs, token: int | None = None) -> None:
         """Bind; while the node lock is held by another pod, wait in the node's FIFO (lock pipelining).
 
-        A bind arriving while others wait for the node queues behind them without trying. The head
-        tries again whenever the watch saw something that may have freed the lock; after
-        `Settings.bind_lock_wait_s` seconds (or when the pod is deleted) it fails as a bind without
-        waiting would.
+        A pod that takes no node lock (`hami.vendors.pod_takes_node_lock`) never queues. A bind arriving
+        while others wait for the node queues behind them without trying (or at the place its pod kept
+        from its previous bind onto the node). The head tries again whenever the watch saw something
+        that may have freed the lock, or the holder's lock reached its expiry; after
+        `Settings.bind_lock_wait_s` seconds, or at once when the binds ahead of it cannot be done in what
+        is left of that at the node's recent pace, or when the pod is deleted, it fails as a bind
+        without waiting would.
         """
         budget = self.settings.bind_lock_wait_s
         queues = self.lock_queues
-        if budget <= 0 or self.client is None:
+        if budget <= 0 or self.client is None or not self._takes_lock(a):
             await self._bind_attempt(a, token)
             return
         loop = asyncio.get_running_loop()
@@ -119,18 +147,32 @@ class BindVerbs(VerbState):
         # is not lost; alone in the queue it tries at once, behind others it waits for its turn.
         waiter = queues.join(a.node, a.pod_uid or f"{a.pod_namespace}/{a.pod_name}")
         held: LockHeld | None = None
+        gave_up = False
         try:
             while True:
-                await self._await_turn(a, waiter, deadline, held)
+                try:
+                    await self._await_turn(a, waiter, deadline, held)
+                except LockHeld:
+                    gave_up = True
+                    raise
                 try:
                     await self._bind_attempt(a, token)
                 except LockHeld as e:
                     held = e
+                    queues.retry_later(waiter, expires_in_s=e.expires_in_s)
                     continue
                 queues.leave(waiter, got_lock=True)
                 return
         finally:
-            queues.leave(waiter)
+            queues.leave(waiter, keep_place=gave_up)
+
+    def _takes_lock(self, a: BindArgs) -> bool:
+        """Whether this bind takes the node lock: False only for a watched pod of this UID whose
+        devices' plugins take none (the safe side when the pod is not in the watch cache)."""
+        cached = self.pod_lookup(a.pod_namespace, a.pod_name)
+        if cached is None or (a.pod_uid and (cached.get("metadata") or {}).get("uid") != a.pod_uid):
+            return True
+        return pod_takes_node_lock(cached, self.state.vendors)
 
     async def _await_turn(self, a: BindArgs, waiter: Any, deadline: float, held: LockHeld | None) -> None:
         """Wait for `waiter`'s turn; raise the bind's failure when the wait ends without one."""
@@ -143,7 +185,20 @@ class BindVerbs(VerbState):
                 "pod_gone",
                 f"binding {who} to {a.node} failed: the pod was deleted while waiting for the node lock",
             )
-        waited = f"waited {self.settings.bind_lock_wait_s:g}s for it (--bind-lock-wait)"
+        budget = self.settings.bind_lock_wait_s
+        if why == "hopeless":
+            left = deadline - asyncio.get_running_loop().time()
+            pace = self.lock_queues.pace_s(a.node) or 0.0
+            ahead = f"{waiter.ahead} bind{'s' if waiter.ahead != 1 else ''} ahead of it"
+            text = (
+                f"binding {who} to {a.node} failed: the node lock is held and {ahead} in the node's "
+                f"queue take about {waiter.expected_s:.0f}s at the recent {pace:.1f}s per bind, more "
+                f"than the {left:.0f}s left of its {budget:g}s wait (--bind-lock-wait); it keeps its "
+                "place in the queue for its next bind"
+            )
+            self.lock_queues.told_early += 1
+            raise LockHeld("lock", text)
+        waited = f"waited {budget:g}s for it (--bind-lock-wait)"
         if held is not None:
             raise LockHeld("lock", f"{held}; {waited}")
         raise LockHeld(
@@ -212,7 +267,9 @@ class BindVerbs(VerbState):
                     node, ns, name, uid, A.encode_allocation_stamp(uid, decided) if decided else None
                 )
         except NodeLockContention as e:
-            raise LockHeld("lock", f"binding {who} to {node} failed: {e}") from None
+            raise LockHeld(
+                "lock", f"binding {who} to {node} failed: {e}", expires_in_s=e.expires_in_s
+            ) from None
         except NotFound:
             self._release_reservation(uid)
             raise BindFailure(
@@ -358,6 +415,22 @@ class BindVerbs(VerbState):
         except HamiError:
             return False
         return pod is None or bool(uid and (pod.get("metadata") or {}).get("uid") != uid)
+
+    def _unplace(self, a: BindArgs, token: int | None = None) -> None:
+        """``--filter-mode all``, a failed bind: drop the placement this pod got at bind time - its
+        reservation and its allocation annotations (left on the pod, the next pod event or a restart
+        would count them again) - unless the pod is bound (then the placement is real)."""
+        uid = a.pod_uid
+        if not uid or self.state.pod_node(uid) is None:
+            return
+        cached = self.pod_lookup(a.pod_namespace, a.pod_name)
+        if cached is not None and (cached.get("spec") or {}).get("nodeName"):
+            return
+        with self.inflight.lock:
+            self.state.release_reservation(uid)
+            self.inflight.expect(uid, self._cleared())
+        stub = {"metadata": {"namespace": a.pod_namespace, "name": a.pod_name, "uid": uid}}
+        self._clear(stub, token)
 
     def _release_reservation(self, uid: str) -> None:
         if uid:

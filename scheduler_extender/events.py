@@ -69,6 +69,19 @@ def filtering_failed_message(failed: Mapping[str, str], *, containers: Sequence[
     return f"no available node, {len(failed)} nodes do not meet: " + "; ".join(parts)
 
 
+def failed_nodes_words(
+    failed: Mapping[str, str], containers: Sequence[ContainerSpec]
+) -> dict[str, str]:
+    """`failed` (node -> the fit's reason text) with each reason's sentence (`hami.reasons.humanize`),
+    as the filter reply's ``FailedNodes``: kube-scheduler puts that text into the pod's
+    ``FailedScheduling`` event, so it says what this extender's own events and ``hami explain`` say.
+    Each distinct text is worded once (a reply may name thousands of nodes and a handful of reasons)."""
+    words = {reason: humanize(reason, containers) for reason in set(failed.values())} if containers else {}
+    if all(text == reason for reason, text in words.items()):
+        return dict(failed)  # nothing to add (no fit reasons, or no requests to word them by)
+    return {node: words[reason] for node, reason in failed.items()}
+
+
 def filtering_succeed_message(node: str, cards: list[str], not_chosen: int) -> str:
     """``find fit node(node1), cards GPU-a, GPU-b; 2 other candidate nodes not chosen``."""
     return f"find fit node({node}), cards {', '.join(cards) or 'none'}; {not_chosen} other candidate nodes not chosen"

@@ -125,16 +125,26 @@ class FilterVerbs(VerbState):
             self.metrics.filter_failed(error_reason)
             self.events.emit(pod, reason=ev.FILTERING_FAILED, message=outcome.error, warning=True)
             return filter_result(args, error=outcome.error)
-        failed = {n: outcome.failed_nodes.get(n, "no fit") for n in args.names if n not in set(fits)}
+        fitting = set(fits)
+        failed = {n: outcome.failed_nodes.get(n, "no fit") for n in args.names if n not in fitting}
+        containers = self._containers(pod)
         if not fits:
             self.metrics.filter_failed("no_fit")
             self.metrics.filters.labels("unschedulable").inc()
             self.events.emit(
-                pod, reason=ev.FILTERING_FAILED, message=ev.filtering_failed_message(failed), warning=True
-            )
-            return filter_result(args, passed=[], failed=failed)
+                pod, reason=ev.FILTERING_FAILED,
+                message=ev.filtering_failed_message(failed, containers=containers), warning=True,
+            )  # fmt: skip
+            return filter_result(args, passed=[], failed=ev.failed_nodes_words(failed, containers))
         self.metrics.filters.labels("placed").inc()
-        return filter_result(args, passed=fits, failed=failed)
+        return filter_result(args, passed=fits, failed=ev.failed_nodes_words(failed, containers))
+
+    def _containers(self, pod: dict[str, Any]) -> list[Any]:
+        """The pod's device requests per container, for the reasons' sentences ([] when unreadable)."""
+        try:
+            return self.state.pod_requests(pod)
+        except InvalidRequest:
+            return []
 
     async def prioritize(self, body: bytes) -> list[dict[str, Any]]:
         """Answer one ExtenderArgs body with a HostPriorityList (never raises; [] on any problem, which
@@ -238,6 +248,9 @@ class FilterVerbs(VerbState):
             self.state.release_reservation(meta["uid"])
             self.inflight.forget(meta["uid"])
             outcome.node = None
+        # The reasons in words too ("needs 2 distinct cards, node has 1"), in the event and in the
+        # reply's FailedNodes (kube-scheduler's FailedScheduling event shows those): what users read.
+        containers = self._containers(pod)
         if outcome.node is None:
             for n in args.names:
                 failed.setdefault(n, "no fit")
@@ -246,12 +259,12 @@ class FilterVerbs(VerbState):
             self.events.emit(
                 pod,
                 reason=ev.FILTERING_FAILED,
-                # The reasons in words too ("needs 2 distinct cards, node has 1"): the event is what users read.
-                message=ev.filtering_failed_message(failed, containers=self.state.pod_requests(pod)),
+                message=ev.filtering_failed_message(failed, containers=containers),
                 warning=True,
             )
-            reply = filter_result(args, passed=[], failed=failed)
+            reply = filter_result(args, passed=[], failed=ev.failed_nodes_words(failed, containers))
             return (reply, pod, None, "") if placed_before else reply
+        failed = ev.failed_nodes_words(failed, containers)
         chosen_reason = f"node {outcome.node} chosen"  # one string for every other candidate
         for n in args.names:
             if n not in failed and n != outcome.node:

@@ -297,9 +297,17 @@ class ClusterSync:
 
     def _nodes_synced(self, _items: list[dict[str, Any]]) -> None:
         self._rebuild_from_caches("nodes")
+        self._relisted()
 
     def _pods_synced(self, _items: list[dict[str, Any]]) -> None:
         self._rebuild_from_caches("pods")
+        self._relisted()
+
+    def _relisted(self) -> None:
+        # A relist replaces what the watch missed while it was down (a lock released, an owner pod
+        # deleted or done): no event comes for those, so every waiting bind's queue looks again.
+        if self.lock_queues is not None:
+            self.lock_queues.notify_all()
 
     def _quotas_synced(self, _items: list[dict[str, Any]]) -> None:
         self._rebuild_from_caches("quotas")

@@ -9,7 +9,9 @@
  *
  * Concurrency model (why there is no mutex here): memory accounting is lock-free.
  * Each process owns one slot and only ever adds to / subtracts from its own counters
- * with atomic read-modify-write; a reservation adds first and then sums all slots, and
+ * with atomic read-modify-write (one exception: the charge of an allocation shared by IPC
+ * inside the container is added to a remaining holder's slot when its charger lets go, before
+ * the charger gives its own back); a reservation adds first and then sums all slots, and
  * backs out when the sum passes the limit (so two racers can never both pass). A process
  * killed with SIGKILL therefore never leaves a lock held: its slot is simply reaped (pid
  * no longer alive) by any other process. Slot and device registration take an
@@ -22,7 +24,7 @@
 
 #define VGPU_REGION_MAGIC 0x55504756u /* bytes "VGPU" in file order */
 #define VGPU_REGION_MAJOR 2u
-#define VGPU_REGION_MINOR 1u
+#define VGPU_REGION_MINOR 2u
 #define VGPU_MAX_DEVICES 16
 #define VGPU_MAX_SLOTS 1024
 #define VGPU_HEADER_SIZE 4096u
@@ -55,7 +57,10 @@ typedef struct {
     _Atomic uint64_t data[VGPU_MAX_DEVICES];  /* 144 of which allocations (linear, managed, async, VMM, arrays) */
     _Atomic uint64_t context[VGPU_MAX_DEVICES]; /* 272 of which contexts (primary and cuCtxCreate) */
     _Atomic uint64_t module[VGPU_MAX_DEVICES];  /* 400 of which module images (since 2.1) */
-    uint8_t reserved[48];                     /* 528..576 */
+    _Atomic uint64_t slice_open_ns;           /* 528 compute pacer: this process's open slice began (0 = none; since 2.2) */
+    _Atomic int32_t slice_rdev;               /* 536 the device entry of that slice */
+    uint32_t pad0;                            /* 540 */
+    uint8_t reserved[32];                     /* 544..576 */
 } vgpu_slot_t;
 
 typedef struct {

@@ -38,6 +38,21 @@ track_t *vgpu_track_take(int kind, uint64_t key) {
     return t;
 }
 
+int vgpu_track_peek(int kind, uint64_t key, int *rdev, uint64_t *bytes) {
+    unsigned b = bucket_of(key, kind);
+    int found = 0;
+    pthread_mutex_lock(&track_mu);
+    for (track_t *t = buckets[b]; t; t = t->next)
+        if (t->key == key && t->kind == kind && t->pool < 0) {
+            *rdev = t->rdev;
+            *bytes = t->bytes;
+            found = 1;
+            break;
+        }
+    pthread_mutex_unlock(&track_mu);
+    return found;
+}
+
 void vgpu_track_add(int kind, uint64_t key, int rdev, uint64_t bytes) { vgpu_track_add_pool(kind, key, rdev, bytes, -1); }
 
 /* Put an entry back when the real free failed (the memory is still held). */

@@ -18,6 +18,9 @@ void vgpu_track_add(int kind, uint64_t key, int rdev, uint64_t bytes);
 void vgpu_track_add_pool(int kind, uint64_t key, int rdev, uint64_t bytes, int pool);
 /* Removes and returns the entry (the caller frees it with free()), or NULL. */
 track_t *vgpu_track_take(int kind, uint64_t key);
+/* 1 and the entry's device and bytes when (kind, key) is tracked and charged by itself (not through
+ * a pool); 0 otherwise. */
+int vgpu_track_peek(int kind, uint64_t key, int *rdev, uint64_t *bytes);
 /* Puts an entry back when the real free failed (the memory is still held). */
 void vgpu_track_put(track_t *t);
 

@@ -38,6 +38,7 @@
     X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
     X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) \
+    X(cuStreamDestroy) X(cuStreamDestroy_v2) \
     X(cuCtxCreate) X(cuCtxCreate_v2) X(cuCtxCreate_v3) VGPU_HOOK_CTX_V4(X) X(cuCtxDestroy) X(cuCtxDestroy_v2) \
     X(cuModuleLoad) X(cuModuleLoadData) X(cuModuleLoadDataEx) X(cuModuleLoadFatBinary) X(cuModuleUnload) \
     X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
@@ -47,14 +48,15 @@
     X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim) \
     X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) \
     X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecDestroy) X(cuCtxSetLimit) \
-    X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemPoolImportPointer)
+    X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle) X(cuMemPoolImportPointer)
 
 #define VGPU_CUDA_REAL_ONLY(R) \
     R(cuCtxGetDevice) R(cuDeviceGetCount) R(cuDeviceGet) R(cuDeviceGetUuid_v2) R(cuDeviceGetUuid) \
     R(cuStreamIsCapturing) R(cuDriverGetVersion) R(cuCtxGetCurrent) R(cuDeviceGetMemPool) R(cuDeviceGetGraphMemAttribute) \
     R(cuMemGetAllocationPropertiesFromHandle) \
     R(cuGraphGetNodes) R(cuGraphNodeGetType) R(cuGraphMemAllocNodeGetParams) R(cuGraphChildGraphNodeGetGraph) \
-    R(cuCtxGetLimit) R(cuDeviceGetAttribute) R(cuMemGetAddressRange_v2) R(cuPointerGetAttribute)
+    R(cuCtxGetLimit) R(cuDeviceGetAttribute) R(cuMemGetAddressRange_v2) R(cuPointerGetAttribute) \
+    R(cuStreamQuery) R(cuCtxSetCurrent) R(cuThreadExchangeStreamCaptureMode)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

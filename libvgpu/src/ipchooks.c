@@ -1,21 +1,27 @@
 /*
  * ipchooks.c - memory another CUDA process allocated and this one maps: legacy IPC
- * (cuIpcOpenMemHandle) and pool pointers (cuMemPoolImportPointer). Charged to the importer for
- * as long as it keeps the mapping, at the size of the allocation it maps (cuMemGetAddressRange),
- * limit checked before the caller sees the import; a charge that does not fit closes the
- * import again and answers CUDA_ERROR_OUT_OF_MEMORY.
+ * (cuIpcGetMemHandle / cuIpcOpenMemHandle) and pool pointers (cuMemPoolImportPointer).
+ *
+ * Legacy IPC inside one container is charged once (ipcshare.c): the exporter registers the
+ * allocation at cuIpcGetMemHandle, an import of it by another process of the container joins its
+ * holders and pays nothing, and the charge stays with some holder until the last one lets go.
+ * Any other import (from another container, or one the table cannot vouch for) is charged to the
+ * importer for as long as it keeps the mapping, at the size of the allocation it maps
+ * (cuMemGetAddressRange), limit checked before the caller sees the import; a charge that does not
+ * fit closes the import again and answers CUDA_ERROR_OUT_OF_MEMORY.
  *
  * Why the importer: the exporter's charge ends when it frees, but the memory lives on while an
  * importer keeps it mapped, so charging the exporter alone let a tenant hold memory uncharged
- * (export, import in a second process, free in the first). The price: while both hold it, the
- * same bytes count twice - within one container (PyTorch multiprocessing sharing CUDA tensors,
- * DataLoader workers) a buffer shared by two processes counts against the limit twice.
+ * (export, import in a second process, free in the first). Pool pointers are still charged to
+ * every importer: a pool keeps its own charge (pools.c) that does not follow one pointer, so
+ * within a container they count once per process that maps them.
  */
 #include <cuda.h>
 #include <stdlib.h>
 #include "alloctrack.h"
 #include "config.h"
 #include "devmap.h"
+#include "ipcshare.h"
 #include "log.h"
 #include "real.h"
 #include "region.h"
@@ -58,21 +64,48 @@ static CUresult real_free(CUdeviceptr p) { return CALL_REAL(CUresult(*)(CUdevice
 
 typedef CUresult (*ipc_open_t)(CUdeviceptr *, CUipcMemHandle, unsigned int);
 
+/* Registers an allocation this process is charged for (its base, as cuMemAlloc returned it) in
+ * the container's table, so that the container's importers do not pay for it again. */
+VGPU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    typedef CUresult (*fn)(CUipcMemHandle *, CUdeviceptr);
+    typedef CUresult (*range_t)(CUdeviceptr *, size_t *, CUdeviceptr);
+    CUresult rc = CALL_REAL(fn, cuIpcGetMemHandle, h, p);
+    if (rc != CUDA_SUCCESS || !h || vgpu_control_disabled()) return rc;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    int rdev = -1;
+    uint64_t bytes = 0;
+    if (CALL_REAL(range_t, cuMemGetAddressRange_v2, &base, &size, p) == CUDA_SUCCESS &&
+        vgpu_track_peek(K_PTR, base, &rdev, &bytes))
+        vgpu_share_export(h->reserved, rdev, bytes, base);
+    return rc;
+}
+
+static CUresult ipc_opened(CUdeviceptr p, const CUipcMemHandle *h, const char *api) {
+    if (vgpu_share_join(h->reserved, p)) return CUDA_SUCCESS; /* this container's: charged once already */
+    return charge_import(p, api, real_ipc_close);
+}
+
 VGPU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
     CUresult rc = CALL_REAL(ipc_open_t, cuIpcOpenMemHandle_v2, p, h, flags);
     if (rc != CUDA_SUCCESS || !p || vgpu_control_disabled()) return rc;
-    return charge_import(*p, "cuIpcOpenMemHandle_v2", real_ipc_close);
+    return ipc_opened(*p, &h, "cuIpcOpenMemHandle_v2");
 }
 
 VGPU_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned int flags) {
     CUresult rc = CALL_REAL(ipc_open_t, cuIpcOpenMemHandle, p, h, flags);
     if (rc != CUDA_SUCCESS || !p || vgpu_control_disabled()) return rc;
-    return charge_import(*p, "cuIpcOpenMemHandle", real_ipc_close);
+    return ipc_opened(*p, &h, "cuIpcOpenMemHandle");
 }
 
 VGPU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     track_t *t = vgpu_control_disabled() ? NULL : vgpu_track_take(K_IPC, p);
     CUresult rc = real_ipc_close(p);
+    if (!t && rc == CUDA_SUCCESS && !vgpu_control_disabled()) { /* a joined import: its charge if it carried it */
+        int rdev = -1;
+        uint64_t bytes = vgpu_share_leave(p, &rdev);
+        if (bytes) vgpu_unreserve(rdev, bytes);
+    }
     if (t) {
         if (rc == CUDA_SUCCESS) {
             vgpu_unreserve(t->rdev, t->bytes);

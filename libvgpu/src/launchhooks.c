@@ -2,13 +2,15 @@
  * launchhooks.c - kernel launches pass the compute limiter (smlimit.c) first; synchronisation
  * entry points tell it when the program last waited for the GPU and let stream-ordered pools
  * release memory above their threshold (pools.c). Pass-through otherwise: the disabled path
- * costs one load and one predictable branch per launch.
+ * costs two loads and two predictable branches per launch (one before the driver call, one after).
  */
 #include <cuda.h>
+#include <stdatomic.h>
 #include "graphmem.h"
 #include "pools.h"
 #include "real.h"
 #include "smlimit.h"
+#include "smqueue.h"
 
 #undef cuLaunchKernel
 #undef cuLaunchKernelEx
@@ -16,9 +18,15 @@
 #undef cuGraphLaunch
 #undef cuStreamSynchronize
 #undef cuEventSynchronize
+#undef cuStreamDestroy
 
-#define SYNCED() do { if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE)) vgpu_sm_synced(); } while (0)
-#define PACE(s) do { if (VGPU_UNLIKELY(vgpu_sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s)); } while (0)
+/* SYNC_BEGIN before the real call, SYNCED(kind, stream, per_thread) after it (rc in scope). */
+#define SYNC_BEGIN uint64_t _tok = VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE) ? vgpu_launch_token(0) : 0
+#define SYNCED(k, s, pt) do { if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE) && rc == CUDA_SUCCESS) vgpu_sm_synced(k, (void *)(s), pt, _tok); } while (0)
+/* After the driver returned from a launch: it is in the driver's queue now (smqueue.h). */
+#define LAUNCHED() do { if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE)) atomic_fetch_add(&vgpu_launches_done, 1); } while (0)
+#define PACE(s) do { if (VGPU_UNLIKELY(vgpu_sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s), 0); } while (0)
+#define PACE_PT(s) do { if (VGPU_UNLIKELY(vgpu_sm_state != SM_NONE)) vgpu_sm_before_launch((void *)(s), 1); } while (0)
 
 
 typedef CUresult (*launch_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -31,78 +39,113 @@ typedef CUresult (*graph_t)(CUgraphExec, CUstream);
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
     PACE(s);
-    return CALL_REAL(launch_t, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    CUresult rc = CALL_REAL(launch_t, cuLaunchKernel, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                          unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
                                          void **extra) {
-    PACE(s);
-    return CALL_REAL(launch_t, cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    PACE_PT(s);
+    CUresult rc = CALL_REAL(launch_t, cuLaunchKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     PACE(c ? c->hStream : NULL);
-    return CALL_REAL(launch_ex_t, cuLaunchKernelEx, c, f, params, extra);
+    CUresult rc = CALL_REAL(launch_ex_t, cuLaunchKernelEx, c, f, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    PACE(c ? c->hStream : NULL);
-    return CALL_REAL(launch_ex_t, cuLaunchKernelEx_ptsz, c, f, params, extra);
+    PACE_PT(c ? c->hStream : NULL);
+    CUresult rc = CALL_REAL(launch_ex_t, cuLaunchKernelEx_ptsz, c, f, params, extra);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
     PACE(s);
-    return CALL_REAL(coop_t, cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    CUresult rc = CALL_REAL(coop_t, cuLaunchCooperativeKernel, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                     unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
                                                     void **params) {
-    PACE(s);
-    return CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    PACE_PT(s);
+    CUresult rc = CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
+    LAUNCHED();
+    return rc;
 }
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     PACE(s);
     uint64_t pre[GRAPHMEM_DEVS]; /* graph memory nodes: checked before (graphmem.c), sampled after (pools.c) */
     int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphLaunch");
-    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mem < 0) {
+        LAUNCHED(); /* refused: nothing reaches the driver */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult rc = CALL_REAL(graph_t, cuGraphLaunch, g, s);
+    LAUNCHED();
     if (mem) vgpu_graph_end(pre);
     if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch();
     return rc;
 }
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    PACE(s);
+    PACE_PT(s);
     uint64_t pre[GRAPHMEM_DEVS]; /* graph memory nodes: checked before (graphmem.c), sampled after (pools.c) */
     int mem = vgpu_graph_begin((uint64_t)(uintptr_t)g, pre, "cuGraphLaunch_ptsz");
-    if (mem < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (mem < 0) {
+        LAUNCHED(); /* refused: nothing reaches the driver */
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult rc = CALL_REAL(graph_t, cuGraphLaunch_ptsz, g, s);
+    LAUNCHED();
     if (mem) vgpu_graph_end(pre);
     if (rc == CUDA_SUCCESS) vgpu_graphmem_after_launch();
     return rc;
 }
 
-/* Synchronisation entry points: pass-through; with a compute limit active they note when the
- * program last waited for the GPU (see close_slice); stream-ordered pools release memory above
+/* Synchronisation entry points: pass-through; with the limiter active they tell it when all of
+ * this process's work was drained (smqueue.c: a stream or event counts only while it is the one
+ * stream with work); stream-ordered pools release memory above
  * their threshold here (pools.c). */
 VGPU_EXPORT CUresult cuCtxSynchronize(void) {
+    SYNC_BEGIN;
     CUresult rc = CALL_REAL(CUresult(*)(void), cuCtxSynchronize);
-    SYNCED();
+    SYNCED(VGPU_SYNC_CTX, NULL, 0);
     if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }
 VGPU_EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    SYNC_BEGIN;
     CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize, s);
-    SYNCED();
+    SYNCED(VGPU_SYNC_STREAM, s, 0);
     if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }
 VGPU_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
+    SYNC_BEGIN;
     CUresult rc = CALL_REAL(CUresult(*)(CUstream), cuStreamSynchronize_ptsz, s);
-    SYNCED();
+    SYNCED(VGPU_SYNC_STREAM, s, 1);
     if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
 }
 VGPU_EXPORT CUresult cuEventSynchronize(CUevent e) {
+    SYNC_BEGIN;
     CUresult rc = CALL_REAL(CUresult(*)(CUevent), cuEventSynchronize, e);
-    SYNCED();
+    SYNCED(VGPU_SYNC_EVENT, NULL, 0);
     if (rc == CUDA_SUCCESS) vgpu_pools_synced();
     return rc;
+}
+
+/* A destroyed stream is never asked about again (its handle may be reused or freed). */
+VGPU_EXPORT CUresult cuStreamDestroy(CUstream s) {
+    if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE)) vgpu_q_forget_stream(s);
+    return CALL_REAL(CUresult(*)(CUstream), cuStreamDestroy, s);
+}
+VGPU_EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE)) vgpu_q_forget_stream(s);
+    return CALL_REAL(CUresult(*)(CUstream), cuStreamDestroy_v2, s);
 }

@@ -26,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "alloctrack.h"
+#include "ipcshare.h"
 #include "config.h"
 #include "devmap.h"
 #include "log.h"
@@ -80,7 +81,7 @@ static CUresult free_tracked(int kind, uint64_t key, CUresult (*do_free)(uint64_
     if (t) {
         if (rc == CUDA_SUCCESS) {
             if (t->pool >= 0) vgpu_pool_freed(t->pool, t->bytes);
-            else vgpu_unreserve(t->rdev, t->bytes);
+            else if (vgpu_share_freed(t->key)) vgpu_unreserve(t->rdev, t->bytes); /* 0: exported, kept */
             free(t);
         } else {
             vgpu_track_put(t);

@@ -45,6 +45,12 @@ static pthread_once_t region_once = PTHREAD_ONCE_INIT;
 static uint64_t my_cap[VGPU_MAX_DEVICES];
 static _Atomic int my_cap_known[VGPU_MAX_DEVICES];
 static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Told about a slot just before it is zeroed (its process exited or died): ipcshare.c moves the
+ * charges of shared allocations that slot carries to another holder. A pointer, not a call, so
+ * that the region stays at the bottom of the call graph. */
+static void (*release_hook)(int slot, int32_t pid, uint64_t start_time);
+
+void vgpu_region_on_release(void (*fn)(int slot, int32_t pid, uint64_t start_time)) { release_hook = fn; }
 
 static void file_lock(int on) {
     if (region_fd < 0) return;
@@ -108,6 +114,7 @@ static void exit_handler(void) {
     vgpu_region_t *r = vgpu_region;
     if (!r || my_slot < 0 || my_pid != getpid()) return;
     vgpu_slot_t *s = &r->slots[my_slot];
+    if (release_hook) release_hook(my_slot, my_pid, s->start_time);
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         atomic_store(&s->used[d], 0);
         atomic_store(&s->data[d], 0);
@@ -191,15 +198,35 @@ int vgpu_region_ensure(void) {
     return vgpu_region ? 0 : -1;
 }
 
-static int slot_dead(vgpu_slot_t *s, int32_t pid) {
+int vgpu_pid_dead(int32_t pid, uint64_t start_time) {
     if (pid <= 0 || pid == my_pid) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
     uint64_t start;
     char state;
     if (proc_stat(pid, &start, &state) != 0) return 0; /* no /proc view: trust kill() */
     if (state == 'Z' || state == 'X' || state == 'x') return 1;
-    return s->start_time && start != s->start_time;
+    return start_time && start != start_time;
 }
+
+static int slot_dead(vgpu_slot_t *s, int32_t pid) { return vgpu_pid_dead(pid, s->start_time); }
+
+const char *vgpu_region_file(void) { return vgpu_region_ensure() == 0 && region_fd >= 0 ? region_path : NULL; }
+
+int32_t vgpu_slot_pid(int slot, uint64_t *start_time) {
+    if (!vgpu_region || slot < 0 || slot >= VGPU_MAX_SLOTS) return 0;
+    vgpu_slot_t *s = &vgpu_region->slots[slot];
+    if (start_time) *start_time = s->start_time;
+    return atomic_load(&s->pid);
+}
+
+void vgpu_slot_charge(int slot, int rdev, uint64_t bytes) {
+    if (!vgpu_region || slot < 0 || slot >= VGPU_MAX_SLOTS || rdev < 0 || rdev >= VGPU_MAX_DEVICES) return;
+    vgpu_slot_t *s = &vgpu_region->slots[slot];
+    atomic_fetch_add(&s->used[rdev], bytes);
+    atomic_fetch_add(&s->data[rdev], bytes);
+}
+
+void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
 
 int vgpu_reap_dead(int force) {
     vgpu_region_t *r = vgpu_region;
@@ -215,6 +242,10 @@ int vgpu_reap_dead(int force) {
         int32_t pid = atomic_load(&s->pid);
         if (!slot_dead(s, pid)) continue;
         if (!atomic_compare_exchange_strong(&s->pid, &pid, -1)) continue;
+        if (release_hook) release_hook((int)i, pid, s->start_time);
+        uint64_t slice = atomic_exchange(&s->slice_open_ns, 0); /* killed inside a compute slice */
+        int32_t srdev = atomic_load(&s->slice_rdev);
+        if (slice && vgpu_dead_slice_hook && srdev >= 0 && srdev < VGPU_MAX_DEVICES) vgpu_dead_slice_hook(srdev, slice);
         for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
             atomic_store(&s->used[d], 0);
             atomic_store(&s->data[d], 0);

@@ -14,6 +14,8 @@ int vgpu_region_ensure(void);          /* 0 ok (shared or private fallback) */
  * path it mapped it by; a random value for a private region. The card region's tenant key. */
 uint64_t vgpu_region_key(void);
 int vgpu_my_slot(void);                /* claims one on first use; -1 on failure */
+/* Called by the reaper for a dead process's open compute slice (set by smlimit.c; may be NULL). */
+extern void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
 int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
 int vgpu_device_find(const char *uuid);
 /* The limit this process enforces on region device `rdev`, bytes: the region's (the container's),
@@ -34,5 +36,17 @@ void vgpu_uncharge_context(int rdev, uint64_t bytes);
 void vgpu_charge_data(int rdev, uint64_t bytes);
 uint64_t vgpu_device_usage(int rdev);  /* bytes held by all live processes */
 int vgpu_reap_dead(int force);         /* number of slots reclaimed */
+/* The region file's path, NULL for a private (per-process) region. */
+const char *vgpu_region_file(void);
+/* 1 when process `pid` (started at `start_time`, /proc/<pid>/stat field 22; 0 = unknown) is gone
+ * or a zombie; never for this process. */
+int vgpu_pid_dead(int32_t pid, uint64_t start_time);
+/* pid in slot `slot` (0 free, -1 being reaped) and its start time. */
+int32_t vgpu_slot_pid(int slot, uint64_t *start_time);
+/* Adds allocation bytes to another process's slot (a shared allocation's charge moving to it),
+ * without a limit check: the memory exists already. */
+void vgpu_slot_charge(int slot, int rdev, uint64_t bytes);
+/* `fn` is called with a slot about to be zeroed (its process exits or was found dead), once. */
+void vgpu_region_on_release(void (*fn)(int slot, int32_t pid, uint64_t start_time));
 
 #endif

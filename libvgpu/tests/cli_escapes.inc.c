@@ -13,6 +13,8 @@
  *   execlaunch|execupload <exec id>;  execdestroy <exec id>
  *   streamcreate -> stream id; capture <stream id>; capalloc <stream id> <bytes> -> ptr id;
  *   capfree <stream id> <ptr id>; capend <stream id> -> graph id
+ *   ipcexport <ptr id> <file>   cuIpcGetMemHandle; the handle's 64 bytes go to <file> (written, then renamed)
+ *   ipcimport <file>            waits for <file>, cuIpcOpenMemHandle_v2 of the handle in it -> ptr id (free closes it)
  *   poolimport <ptr id>         cuMemPoolExportPointer + cuMemPoolImportPointer -> ptr id (cuMemFreeAsync frees it)
  *   sparse <w> <h> <d>          a sparse 3D float array -> array id (free <id> destroys it)
  *   arraymap <array id> <vmm id>   cuMemMapArrayAsync the handle into the array's mip tail
@@ -136,6 +138,32 @@ static int escape_op(int argc, char **argv, int *pi) {
         CUgraph g = NULL;
         r = cuStreamEndCapture((CUstream)(uintptr_t)ids[id].v, &g);
         OUT("capend %d %d", r, r ? -1 : add_id(K_GRAPH, (uintptr_t)g));
+    } else if (!strcmp(op, "ipcexport")) {
+        int id = atoi(ARG(1));
+        const char *path = ARG(2);
+        i += 2;
+        CUipcMemHandle h;
+        r = cuIpcGetMemHandle(&h, (CUdeviceptr)ids[id].v);
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = r ? NULL : fopen(tmp, "wb");
+        if (f) {
+            fwrite(&h, sizeof h, 1, f);
+            fclose(f);
+            rename(tmp, path);
+        }
+        OUT("ipcexport %d", r);
+    } else if (!strcmp(op, "ipcimport")) {
+        const char *path = ARG(1);
+        i++;
+        CUipcMemHandle h;
+        FILE *f;
+        while (!(f = fopen(path, "rb"))) usleep(200);
+        size_t n = fread(&h, sizeof h, 1, f);
+        fclose(f);
+        CUdeviceptr p = 0;
+        r = n == 1 ? cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) : CUDA_ERROR_INVALID_VALUE;
+        OUT("ipcimport %d %d", r, r ? -1 : add_id(K_IPC, p));
     } else if (!strcmp(op, "poolimport")) {
         int id = atoi(ARG(1)); i++;
         CUmemPoolPtrExportData d;

@@ -43,6 +43,9 @@ static int captured_free(CUstream s);
 static uint64_t fake_exec_bytes(CUgraphExec e, int dev);
 static CUarray fake_sparse_array(void);
 static int fake_sparse_destroy(CUarray a);
+static int ipc_exporter_frees(int i);
+#define FAKE_IPC_WIN 0x10000000000ull
+#define FAKE_IPC_STRIDE 0x100000000ull
 
 /* ---- call counting ---- */
 #define MAXC 128
@@ -206,7 +209,7 @@ EXPORT CUresult cuCtxDestroy(CUcontext c) { COUNT(); return ctx_destroy(c); }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c) { COUNT(); return ctx_destroy(c); }
 
 /* ---- physical memory ---- */
-typedef struct alloc { uint64_t key; uint64_t bytes; int phys; uintptr_t owner; struct alloc *next; } alloc_t;
+typedef struct alloc { uint64_t key; uint64_t bytes; int phys; uintptr_t owner; struct alloc *next; int ipc; } alloc_t; /* ipc: export entry + 1 */
 static alloc_t *allocs;
 static pthread_mutex_t amu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t next_addr = 0x10000000ull; /* fits the 32-bit v1 ABI */
@@ -224,7 +227,7 @@ static CUresult phys_alloc(int dev, uint64_t bytes, uint64_t *key) {
     pthread_mutex_lock(&amu);
     a->key = next_addr;
     next_addr += (bytes + 0xfffff) & ~0xfffffull;
-    a->bytes = bytes; a->phys = phys; a->owner = 0; a->next = allocs; allocs = a;
+    a->bytes = bytes; a->phys = phys; a->owner = 0; a->next = allocs; a->ipc = 0; allocs = a;
     *key = a->key;
     pthread_mutex_unlock(&amu);
     return CUDA_SUCCESS;
@@ -237,7 +240,7 @@ static CUresult phys_free(uint64_t key) {
     if (a) *pp = a->next;
     pthread_mutex_unlock(&amu);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
-    atomic_fetch_sub(&fake_phys()->used[a->phys], a->bytes);
+    if (!a->ipc || ipc_exporter_frees(a->ipc - 1)) atomic_fetch_sub(&fake_phys()->used[a->phys], a->bytes);
     free(a);
     return CUDA_SUCCESS;
 }
@@ -383,23 +386,81 @@ EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p) { COUNT(); NEED_INIT(); return 
 EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep) { COUNT(); NEED_INIT(); return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool p, CUmemPool_attribute a, void *v) { COUNT(); NEED_INIT(); return p && v ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
 
-/* ---- IPC: an import maps the exporter's memory; it takes no new physical memory. */
+/* ---- IPC (fake_state.h): an import maps the exporter's memory; it takes no new physical memory,
+ * and the memory lives until the exporter has freed it and the last import is closed. A handle is
+ * "FIPC", the entry, its generation; an import maps at FAKE_IPC_WIN + entry * FAKE_IPC_STRIDE. */
+static void ipc_lock(void) {
+    fake_phys_t *f = fake_phys();
+    uint32_t z = 0;
+    while (!atomic_compare_exchange_weak(&f->ipc_lock, &z, 1)) { z = 0; sched_yield(); }
+}
+static void ipc_unlock(void) { atomic_store(&fake_phys()->ipc_lock, 0); }
+/* The exporter frees entry i: 1 when the memory goes now (no import left), 0 when imports keep it. */
+static int ipc_exporter_frees(int i) {
+    fake_ipc_t *e = &fake_phys()->ipc[i];
+    ipc_lock();
+    int gone = e->opens <= 0;
+    e->exporter_holds = 0;
+    if (gone) e->state = 0;
+    ipc_unlock();
+    return gone;
+}
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     COUNT(); NEED_INIT();
+    pthread_mutex_lock(&amu);
+    alloc_t *a = allocs;
+    while (a && a->key != p) a = a->next;
+    int i = a ? a->ipc - 1 : -1;
+    fake_phys_t *f = fake_phys();
+    if (a && i < 0) {
+        ipc_lock();
+        for (int k = 0; k < FAKE_MAX_IPC && i < 0; k++)
+            if (!f->ipc[k].state) {
+                f->ipc[k] = (fake_ipc_t){1, ++f->ipc_gen, a->phys, 0, 1, 0, a->bytes};
+                i = k;
+            }
+        ipc_unlock();
+        if (i >= 0) a->ipc = i + 1;
+    }
+    pthread_mutex_unlock(&amu);
+    if (i < 0) return a ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
     memset(h, 0, sizeof *h);
-    memcpy(h->reserved, &p, sizeof p);
+    memcpy(h->reserved, "FIPC", 4);
+    memcpy(h->reserved + 4, &i, sizeof i);
+    memcpy(h->reserved + 8, &f->ipc[i].gen, sizeof f->ipc[i].gen);
     return CUDA_SUCCESS;
 }
 static CUresult ipc_open(CUdeviceptr *p, CUipcMemHandle h) {
     NEED_INIT();
-    CUdeviceptr base;
-    memcpy(&base, h.reserved, sizeof base);
-    *p = base + 0x4000000000ull;
+    int i;
+    uint32_t gen;
+    memcpy(&i, h.reserved + 4, sizeof i);
+    memcpy(&gen, h.reserved + 8, sizeof gen);
+    if (memcmp(h.reserved, "FIPC", 4) || i < 0 || i >= FAKE_MAX_IPC) return CUDA_ERROR_INVALID_VALUE;
+    fake_ipc_t *e = &fake_phys()->ipc[i];
+    ipc_lock();
+    int ok = e->state == 1 && e->gen == gen;
+    if (ok) e->opens++;
+    ipc_unlock();
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    *p = FAKE_IPC_WIN + (uint64_t)i * FAKE_IPC_STRIDE;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned f) { COUNT(); return ipc_open(p, h); }
 EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned f) { COUNT(); return ipc_open(p, h); }
-EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) { COUNT(); NEED_INIT(); return p >= 0x4000000000ull ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    COUNT(); NEED_INIT();
+    if (p < FAKE_IPC_WIN || (p - FAKE_IPC_WIN) % FAKE_IPC_STRIDE || (p - FAKE_IPC_WIN) / FAKE_IPC_STRIDE >= FAKE_MAX_IPC)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_phys_t *f = fake_phys();
+    fake_ipc_t *e = &f->ipc[(p - FAKE_IPC_WIN) / FAKE_IPC_STRIDE];
+    ipc_lock();
+    int ok = e->state == 1 && e->opens > 0, gone = 0;
+    if (ok && --e->opens == 0 && !e->exporter_holds) { e->state = 0; gone = 1; }
+    ipc_unlock();
+    if (gone) atomic_fetch_sub(&f->used[e->phys], e->bytes);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = (unsigned)k; return r; }
@@ -657,6 +718,24 @@ EXPORT CUresult cuCtxSynchronize(void) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { COUNT(); NEED_INIT(); return cuCtxSynchronize(); }
+/* ---- compute limiter's idle watcher (smqueue.c): stream queries, capture mode ----
+ * cuStreamQuery answers for all of this process's work on its cards (the fake has one queue per
+ * process, whatever the stream). */
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    COUNT(); NEED_INIT();
+    for (int p = 0; p < FAKE_MAX_DEV; p++) {
+        if (!my_finish[p]) continue;
+        fake_engine_t *e = &fake_phys()->engine[p];
+        engine_lock(e);
+        advance(e, now_ns());
+        int busy = e->vt < my_finish[p];
+        engine_unlock(e);
+        if (busy) return CUDA_ERROR_NOT_READY;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) { COUNT(); *m = CU_STREAM_CAPTURE_MODE_GLOBAL; return CUDA_SUCCESS; }
+/* ---- end of the idle watcher's section ---- */
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
 EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
@@ -717,6 +796,7 @@ static const proc_t procs[] = {
     P(cuDeviceGraphMemTrim, 11040), P(cuGetProcAddress, 11030), P(cuGetProcAddress_v2, 12000),
     P(cuCtxCreate, 2000), P(cuCtxCreate_v2, 3020), P(cuCtxCreate_v3, 11040), P(cuCtxCreate_v4, 12050),
     P(cuCtxDestroy, 2000), P(cuCtxDestroy_v2, 4000), P(cuCtxGetCurrent, 2000),
+    P(cuStreamQuery, 2000), P(cuThreadExchangeStreamCaptureMode, 10010), P(cuStreamDestroy_v2, 4000), /* idle watcher */
     P(cuModuleLoad, 2000), P(cuModuleLoadData, 2000), P(cuModuleLoadDataEx, 2010), P(cuModuleLoadFatBinary, 2000),
     P(cuModuleUnload, 2000), P(cuLibraryLoadData, 12000), P(cuLibraryLoadFromFile, 12000), P(cuLibraryUnload, 12000),
     P(cuModuleGetFunction, 2000), P(cuLibraryGetKernel, 12000), P(cuLibraryGetModule, 12000), P(cuKernelGetFunction, 12000),

@@ -18,7 +18,8 @@
  *   Limits: cuCtxSetLimit of the malloc heap and printf FIFO takes (value - default) bytes at
  *        once, of the stack size (value - default) x FAKE_SM_COUNT (4) x 2048 threads, of the
  *        device runtime's pending launch count (value - default) KiB.
- *   IPC: cuMemGetAddressRange of an imported address answers the exporter's allocation size.
+ *   IPC: cuMemGetAddressRange of an imported address answers the exporter's allocation size (legacy
+ *        IPC in fake_cuda.c, across processes; pool pointers within one process).
  */
 #undef cuGraphInstantiate
 #undef cuStreamBeginCapture
@@ -492,7 +493,15 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
 /* ---------------- sizes of what an address belongs to ---------------- */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
     COUNT(); NEED_INIT();
-    uint64_t key = p >= 0x4000000000ull && p < 0x5000000000ull ? p - 0x4000000000ull : p; /* an IPC import */
+    if (p >= FAKE_IPC_WIN && (p - FAKE_IPC_WIN) / FAKE_IPC_STRIDE < FAKE_MAX_IPC) { /* an IPC import */
+        uint64_t i = (p - FAKE_IPC_WIN) / FAKE_IPC_STRIDE;
+        fake_ipc_t *e = &fake_phys()->ipc[i];
+        if (e->state != 1 || p - FAKE_IPC_WIN - i * FAKE_IPC_STRIDE >= e->bytes) return CUDA_ERROR_NOT_FOUND;
+        if (base) *base = FAKE_IPC_WIN + i * FAKE_IPC_STRIDE;
+        if (size) *size = e->bytes;
+        return CUDA_SUCCESS;
+    }
+    uint64_t key = p >= 0x4000000000ull && p < 0x5000000000ull ? p - 0x4000000000ull : p; /* a pool import */
     pthread_mutex_lock(&amu);
     for (alloc_t *a = allocs; a; a = a->next)
         if (key >= a->key && key - a->key < a->bytes) {

@@ -37,9 +37,25 @@ typedef struct {
     uint64_t vt, last;        /* service per backlogged context (ns); wall ns when vt was advanced */
     fake_ctxq_t q[FAKE_MAX_CTX];
 } fake_engine_t;
+/* Legacy IPC exports (cuIpcGetMemHandle), shared by every process of the card: an exported
+ * allocation's memory lives until its exporter has freed it and every import is closed, as the
+ * driver keeps memory an importer still maps. A handle names the entry and its generation. */
+#define FAKE_MAX_IPC 64
+typedef struct {
+    uint32_t state; /* 0 free, 1 exported */
+    uint32_t gen;
+    int32_t phys;
+    int32_t opens;          /* live imports, all processes */
+    int32_t exporter_holds; /* the exporter has not freed it yet */
+    uint32_t pad;
+    uint64_t bytes;
+} fake_ipc_t;
 typedef struct {
     _Atomic uint64_t used[FAKE_MAX_DEV];
     fake_engine_t engine[FAKE_MAX_DEV];
+    _Atomic uint32_t ipc_lock; /* spin lock over ipc[] and ipc_gen */
+    uint32_t ipc_gen;
+    fake_ipc_t ipc[FAKE_MAX_IPC];
 } fake_phys_t;
 
 static fake_phys_t *fake_phys(void) {

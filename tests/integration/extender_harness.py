@@ -69,6 +69,16 @@ async def wait_ready(server: Server, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def watches_open(api: FakeApiServer, timeout_s: float = 10.0) -> None:
+    """Until the extender's three watches (nodes, pods, resourcequotas) are open at the API server.
+
+    Ready means listed: each reflector sends its watch request just after its list, so a test that
+    counts API requests must wait for these three first, or one lands inside the counted span.
+    """
+    kinds = ("nodes", "pods", "resourcequotas")
+    await eventually(lambda: all(api.open_watch_count(k) >= 1 for k in kinds), timeout_s, "the watches open")
+
+
 async def eventually(predicate, timeout_s: float = 5.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
     """Poll `predicate()` (sync) until true."""
     deadline = asyncio.get_running_loop().time() + timeout_s

@@ -130,9 +130,10 @@ async def test_nothing_fits_lists_every_node_with_its_reason_and_records_an_even
     pod = create_pod(fake_apiserver, gpu_pod("huge", mem=40000, cores=10))
     result = await Scheduler(session, extender.url).filter(pod, ["node1", "node2", "ghost"])
     assert result["NodeNames"] == [] and result["Error"] == ""
+    # The reasons in the words of the event below (kube-scheduler shows FailedNodes to the user).
     assert result["FailedNodes"] == {
-        "node1": "2/2 CardInsufficientMemory",
-        "node2": "1/1 CardInsufficientMemory",
+        "node1": "2/2 CardInsufficientMemory (no card has 40000 MiB free)",
+        "node2": "1/1 CardInsufficientMemory (no card has 40000 MiB free)",
         "ghost": "node unregistered",
     }
     await extender.events.drain()

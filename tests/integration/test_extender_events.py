@@ -84,3 +84,24 @@ async def test_valid_or_blank_policy_annotations_send_no_warning(fake_apiserver:
         assert reasons == ["FilteringSucceed"]
     finally:
         await server.stop()
+
+
+async def test_failed_nodes_in_the_filter_reply_say_what_the_event_says(fake_apiserver: Any, session) -> None:
+    # kube-scheduler shows FailedNodes in the pod's FailedScheduling event: the same words as ours.
+    api = fake_apiserver
+    api.store.create("nodes", gpu_node("node1", cards("a", 1)))
+    api.store.create("nodes", gpu_node("node2", cards("b", 1)))
+    server = await start_extender(api)
+    try:
+        await wait_ready(server)
+        sched = Scheduler(session, server.url)
+        pod = create_pod(api, gpu_pod("two", gpus=2, mem=1000))
+        result = await sched.filter(pod, ["node1", "node2"])
+        words = "1/1 NodeInsufficientDevice (needs 2 distinct cards, node has 1)"
+        assert result["NodeNames"] == [] and result["FailedNodes"] == {"node1": words, "node2": words}
+        await server.events.drain()
+        [(reason, kind, message, _)] = _events(api, "two")
+        assert (reason, kind) == ("FilteringFailed", "Warning")
+        assert message == f"no available node, 2 nodes do not meet: 2 nodes {words} (node1, node2)"
+    finally:
+        await server.stop()

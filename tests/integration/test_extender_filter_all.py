@@ -9,7 +9,15 @@ import pytest
 from hami import annotations as A
 from kubefakes.apiserver import FakeApiServer
 from tests.builders import cards, gpu_node, gpu_pod
-from tests.integration.extender_harness import Scheduler, create_pod, dp_allocated, start_extender, wait_ready
+from tests.integration.extender_harness import (
+    Scheduler,
+    create_pod,
+    dp_allocated,
+    eventually,
+    start_extender,
+    wait_ready,
+    watches_open,
+)
 
 
 @pytest.fixture
@@ -32,6 +40,8 @@ NODES = ["node1", "node2", "node3"]
 async def test_filter_returns_every_fitting_node_and_writes_nothing(fake_apiserver, extender, session) -> None:
     api, sched = fake_apiserver, Scheduler(session, extender.url)
     pod = create_pod(api, gpu_pod("p", mem=1000, cores=10))
+    # Ready means listed; the watch requests follow the lists and must not land in the counted span.
+    await watches_open(api)
     before = fake_apiserver.request_count
     result = await sched.filter(pod, NODES)
     assert fake_apiserver.request_count == before  # no API call, whatever the number of candidates
@@ -92,3 +102,33 @@ async def test_prioritize_scores_are_the_node_policy_on_the_0_to_10_scale(fake_a
     assert spread == [{"Host": "node1", "Score": 5}, {"Host": "node3", "Score": 10}]
     _, bad = await sched.post("prioritize", b"not json")
     assert bad == []  # kube-scheduler ignores a failed prioritize: every node 0 from us
+
+
+async def test_a_bind_that_cannot_take_the_node_lock_releases_the_placement_it_made(
+    fake_apiserver, session
+) -> None:
+    # --bind-lock-wait 0: a held lock fails the bind at once. The placement this bind made (cards
+    # reserved, annotations written) must go with it, or the pod holds the capacity until its next bind.
+    api = fake_apiserver
+    api.store.create("nodes", gpu_node("node1", cards("n1", 1, mem=4000, count=2)))
+    server = await start_extender(api, "--filter-mode", "all", "--bind-lock-wait", "0")
+    try:
+        await wait_ready(server)
+        sched = Scheduler(session, server.url)
+        first, second = (create_pod(api, gpu_pod(n, mem=1000, cores=10)) for n in ("first", "second"))
+        for p in (first, second):
+            assert (await sched.filter(p, ["node1"]))["NodeNames"] == ["node1"]
+        assert await sched.bind(first, "node1") == {"Error": ""}
+        result = await sched.bind(second, "node1")
+        assert result["Error"].startswith("binding pod default/second to node1 failed: node node1 is locked by ")
+        uid = second["metadata"]["uid"]
+        assert server.state.pod_node(uid) is None
+        assert server.state.usage_snapshot()["node1"] == {"GPU-n1-0": (1, 1000, 10)}  # first's share only
+        annos = api.store.get("pods", "second", namespace="default")["metadata"].get("annotations") or {}
+        assert A.ASSIGNED_NODE not in annos and A.NVIDIA_ALLOCATED not in annos
+        # Its next bind places it afresh once the lock is free.
+        dp_allocated(api, first, "node1")
+        await eventually(lambda: A.NODE_LOCK not in api.store.get("nodes", "node1")["metadata"]["annotations"])
+        assert await sched.bind(second, "node1") == {"Error": ""}
+    finally:
+        await server.stop()

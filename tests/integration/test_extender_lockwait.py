@@ -6,6 +6,7 @@ deleted leaves the queue; a dead owner is taken over at once; after ``--bind-loc
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -26,6 +27,19 @@ from tests.integration.extender_harness import (
 async def extender(fake_apiserver: FakeApiServer):
     fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 4, count=10)))
     server = await start_extender(fake_apiserver, "--bind-lock-wait", "20s")
+    await wait_ready(server)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def patient(fake_apiserver: FakeApiServer):
+    """The extender with a 120 s --bind-lock-wait: a test that waits for a wake-up other than a release
+    fails by its own bound (seconds), never because a slow machine ran out the bind's wait."""
+    fake_apiserver.store.create("nodes", gpu_node("node1", cards("n1", 4, count=10)))
+    server = await start_extender(fake_apiserver, "--bind-lock-wait", "120s")
     await wait_ready(server)
     try:
         yield server
@@ -126,3 +140,48 @@ async def test_a_bind_arriving_while_others_wait_queues_behind_them(fake_apiserv
     assert not tc.done() and lock_owner(api) == "b"
     dp_allocated(api, b, "node1")
     assert await asyncio.wait_for(tc, 5) == {"Error": ""}
+
+
+def backdate_lock(api: FakeApiServer, node: str, age_s: float) -> None:
+    """Rewrite `node`'s lock as taken `age_s` seconds ago (same owner): its expiry comes that much sooner."""
+    value = api.store.get("nodes", node)["metadata"]["annotations"][A.NODE_LOCK]
+    _, ns, name = value.split(",")
+    when = datetime.now().astimezone() - timedelta(seconds=age_s)
+    lock = A.encode_node_lock(A.NodeLock(time=when, namespace=ns, name=name))
+    api.store.patch("nodes", node, {"metadata": {"annotations": {A.NODE_LOCK: lock}}})
+
+
+async def test_a_waiter_takes_the_lock_when_the_holders_lock_expires(fake_apiserver, patient, session) -> None:
+    # The holder stays between Bind and Allocate (no device plugin here): only its lock's age frees
+    # the node. Its lock was taken 298 s ago, so it expires (after --node-lock-timeout, 5 minutes)
+    # about 2 s into a wait of 120 s: the waiter must take it then, not wait out its whole wait.
+    api, sched = fake_apiserver, Scheduler(session, patient.url)
+    first, second = await filtered(api, sched, "first"), await filtered(api, sched, "second")
+    assert await sched.bind(first, "node1") == {"Error": ""}
+    backdate_lock(api, "node1", 298)
+    assert await asyncio.wait_for(sched.bind(second, "node1"), 12) == {"Error": ""}
+    assert lock_owner(api) == "second"
+
+
+async def test_a_lock_released_while_the_node_watch_was_down_is_seen_after_the_relist(
+    fake_apiserver, patient, session
+) -> None:
+    extender = patient
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    sync = extender.runtime.sync
+    first, second = await filtered(api, sched, "first"), await filtered(api, sched, "second")
+    assert await sched.bind(first, "node1") == {"Error": ""}
+    waiting = asyncio.create_task(sched.bind(second, "node1"))
+    await eventually(lambda: extender.lock_queues.waiting("node1") == 1, what="second waiting")
+    # The node watch goes down and stays down; the lock is released meanwhile (no pod changes, so
+    # the pod watch has nothing to tell either); the history is compacted, so the reconnect relists.
+    refused = api.faults.add(verb="watch", resource="nodes", status=500)
+    lists = sync.nodes.list_count
+    api.drop_watches()
+    await eventually(lambda: refused.hits >= 1, what="the node watch refused")
+    api.store.patch("nodes", "node1", {"metadata": {"annotations": {A.NODE_LOCK: None}}})
+    api.compact()
+    api.faults.clear()
+    await eventually(lambda: sync.nodes.list_count > lists, timeout_s=15, what="the node relist")
+    assert await asyncio.wait_for(waiting, 10) == {"Error": ""}
+    assert lock_owner(api) == "second"

@@ -179,7 +179,7 @@ async def test_preemptor_runs_on_the_card_its_minimal_victim_freed(
     await eventually(lambda: uid["a"] not in {r.uid for r in extender.state.residents("n1")}, what="a gone")
     late = await sched.schedule("default", "late")
     assert late.result == "unschedulable", late
-    assert late.statuses["n1"][1] == "1/1 CardInsufficientMemory"
+    assert late.statuses["n1"][1] == "1/1 CardInsufficientMemory (no card has 50 % of a card's memory free)"
 
     third = await sched.schedule("default", "h")
     assert (third.result, third.node) == ("bound", "n1")
@@ -207,7 +207,7 @@ async def test_without_counted_totals_kube_scheduler_never_calls_the_preempt_ver
     await start_cluster(api, sched, extender)
     create_pod(api, pod_of("h", mem=16000, cores=20, prio=1000, created="2026-02-01T00:00:00Z"))
     cycle = await sched.schedule("default", "h")
-    assert cycle.statuses["n1"] == ("Unschedulable", "1/1 CardInsufficientMemory")
+    assert cycle.statuses["n1"] == ("Unschedulable", "1/1 CardInsufficientMemory (no card has 16000 MiB free)")
     assert (cycle.result, cycle.proposed, cycle.preempt_args) == ("unschedulable", {}, None)
     assert [verb for verb, _ in sched.calls].count("preempt") == 0
     assert "nominatedNodeName" not in api.store.get("pods", "h", namespace="default")["status"]

@@ -65,7 +65,7 @@ async def test_relist_during_a_pending_placement_write_keeps_the_reservation(
     result = await sched.filter(second, ["node1"])
     assert not placed(api, "first"), "the placement write landed before the second filter: window missed"
     assert result["NodeNames"] == []
-    assert result["FailedNodes"] == {"node1": "1/1 CardInsufficientMemory"}
+    assert result["FailedNodes"] == {"node1": "1/1 CardInsufficientMemory (no card has 30000 MiB free)"}
 
     await eventually(
         lambda: placed(api, "first"), timeout_s=WRITE_DELAY_S + 5, what="first placement written"

@@ -4,6 +4,7 @@ node lock only for vendors whose plugins use it, a pod asking two vendors, and q
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 
@@ -115,3 +116,24 @@ async def test_quota_per_vendor(fake_apiserver, extender, session, cw, resource,
     result = await sched.filter(second, NAMES)
     assert result["NodeNames"] == []
     assert "ResourceQuotaNotFit" in result["FailedNodes"][target]
+
+
+async def test_a_pod_that_takes_no_node_lock_binds_at_once_while_others_wait_for_it(
+    fake_apiserver, extender, session
+) -> None:
+    # On "mix" an NVIDIA pod holds the node lock (its Allocate has not run) and another waits for
+    # it; a Cambricon pod's plugin takes no lock, so its bind neither waits nor queues behind them.
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    holder, waiter = (create_pod(api, pod(n, container("c", ONE_SHARE["NVIDIA"][0]))) for n in ("nv1", "nv2"))
+    for p in (holder, waiter):
+        assert (await sched.filter(p, ["mix"]))["NodeNames"] == ["mix"]
+    assert await sched.bind(holder, "mix") == {"Error": ""}
+    waiting = asyncio.create_task(sched.bind(waiter, "mix"))
+    await eventually(lambda: extender.lock_queues.waiting("mix") == 1, what="nv2 waiting for the lock")
+    mlu = create_pod(api, pod("mlu", container("c", ONE_SHARE["MLU"][0])))
+    assert (await sched.filter(mlu, ["mix"]))["NodeNames"] == ["mix"]
+    # Within the 25 s --bind-lock-wait by far: a bind that queued would still be waiting here.
+    assert await asyncio.wait_for(sched.bind(mlu, "mix"), 10) == {"Error": ""}
+    assert api.store.get("pods", "mlu", namespace="default")["spec"]["nodeName"] == "mix"
+    assert extender.lock_queues.waiting("mix") == 1 and not waiting.done()
+    waiting.cancel()

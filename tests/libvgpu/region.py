@@ -1,4 +1,4 @@
-"""A reader of the libvgpu shared region (layout 2.1, libvgpu/include/vgpu_region.h), as the
+"""A reader of the libvgpu shared region (layout 2.2, libvgpu/include/vgpu_region.h), as the
 node monitor would implement it: fixed little-endian offsets, checked magic and version."""
 
 from __future__ import annotations

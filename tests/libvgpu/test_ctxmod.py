@@ -153,7 +153,7 @@ def test_region_reports_context_and_module_apart(cli):
     region = read_region(cli.cache)
     holder.kill()
     holder.wait()
-    assert (region.major, region.minor) == (2, 1)
+    assert (region.major, region.minor) == (2, 2)
     (mine,) = [s for s in region.slots if s.pid == holder.pid]
     counters = (mine.used[0], mine.data[0], mine.context[0], mine.module[0])
     assert counters == (96 * MIB, 10 * MIB, 80 * MIB, 6 * MIB)

@@ -73,16 +73,15 @@ def test_exit_without_free_releases_the_slot(cli):
     assert r.codes("alloc") == [CUDA_SUCCESS]
 
 
-def test_sigkilled_holder_is_released_within_one_second(cli):
+def test_sigkilled_holder_is_released_by_the_allocation_that_needs_its_memory(cli):
+    # The reservation retries at most four times within a fraction of a millisecond and never waits
+    # for a periodic sweep, so success here means the over-limit path itself reaped the dead holder.
     holder = cli.popen("init", "alloc", "48m", "hold", env=LIMIT)
     wait_line(holder, "hold")
     holder.send_signal(signal.SIGKILL)  # not reaped yet: the process is a zombie while we allocate
-    t0 = time.monotonic()
     r = cli.run("init", "alloc", "48m", env=LIMIT)
-    elapsed = time.monotonic() - t0
     holder.wait()
     assert r.codes("alloc") == [CUDA_SUCCESS]
-    assert elapsed < 1.0
 
 
 def test_sigkill_at_random_instants_leaves_nothing_charged(cli):
@@ -140,7 +139,7 @@ def test_region_layout_for_the_monitor(cli):
     region = read_region(cli.cache)
     holder.kill()
     holder.wait()
-    assert (region.magic, region.major, region.minor) == (0x55504756, 2, 1)
+    assert (region.magic, region.major, region.minor) == (0x55504756, 2, 2)
     assert region.priority == 0
     assert region.device_count == 1
     dev = region.devices[0]

@@ -11,6 +11,7 @@ throttled_ns_total counter.
 from __future__ import annotations
 
 import mmap
+import signal
 import struct
 import time
 
@@ -139,3 +140,57 @@ def test_gaps_are_charged_while_another_process_of_the_container_holds_the_devic
         holder.wait()
     assert r.codes("bursty") == [0]
     assert throttled_ns(cli) > 0
+
+
+def pause_until_ns(cli) -> int:
+    """The container's shared pause of device 0 (region device entry, offset 120)."""
+    raw = cli.cache.read_bytes()
+    (pu,) = struct.unpack_from("<Q", raw, 4096 + 120)
+    return pu
+
+
+def test_a_short_process_pays_its_last_slice_to_its_container(cli):
+    # One 100 ms kernel, then the process exits inside its first slice (250 ms). Before, a slice
+    # was charged only at the same process's next launch, so a run of short processes escaped the
+    # limit (15 of 200 ms at 20 % got 0.99 of the card). Now the exit closes the slice: the work
+    # is drained, charged, and the container's shared pause makes its next process pay. Lower
+    # bounds only: load can only lengthen the slice.
+    env = {"FAKE_KERNEL_US": "100000", "CUDA_DEVICE_SM_LIMIT": "5"}
+    r = cli.run("init", "launch", "1", env=env)
+    exited = time.monotonic_ns()
+    assert r.codes("launch") == [0]
+    (dev,) = read_region(cli.cache).devices
+    assert dev.busy_ns_total >= 90_000_000, dev
+    # 100 ms of work at 5 % spans 2 s: the pause runs ~1.9 s past the exit
+    assert pause_until_ns(cli) > exited, (pause_until_ns(cli), exited)
+
+
+def test_cpu_time_between_launches_is_not_charged_as_gpu_time(cli):
+    # A framework's warm-up: a tiny kernel, then 1.5 s of CPU work without a synchronisation,
+    # then more launches. Before, the whole 1.5 s was charged as busy and paid back at 10 %
+    # (a 13.5 s stall); the idle watcher now sees the stream complete ~1 ms after the kernel.
+    env = {**FAST, "CUDA_DEVICE_SM_LIMIT": "10"}
+    r = cli.run("init", "launch", "1", "sleep", "1500", "launch", "1", "sync", env=env, timeout=30)
+    assert r.codes("sync") == [0]
+    (dev,) = read_region(cli.cache).devices
+    assert dev.busy_ns_total < 700_000_000, dev
+    assert dev.throttled_ns_total < 700_000_000, dev
+
+
+def test_a_killed_process_pays_its_last_slice_to_its_container(cli):
+    # A process killed inside its slice (SIGKILL: no exit handler runs) published the slice in
+    # its slot; the next process of the container reaps the slot at start and charges it.
+    env = {"FAKE_KERNEL_US": "100000", "CUDA_DEVICE_SM_LIMIT": "5"}
+    p = cli.popen("init", "launch", "1", "hold", env=env)
+    assert p.stdout.readline().split() == ["init", "0"]
+    assert p.stdout.readline().split() == ["launch", "0"]
+    assert p.stdout.readline().split() == ["hold", "0"]
+    time.sleep(0.1)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed = time.monotonic_ns()
+    r = cli.run("init", "alloc", "1m", env=env)  # claims a slot: reaps the dead one
+    assert r.codes("alloc") == [0]
+    (dev,) = read_region(cli.cache).devices
+    assert dev.busy_ns_total >= 90_000_000, dev
+    assert pause_until_ns(cli) > killed, (pause_until_ns(cli), killed)
