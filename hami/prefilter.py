@@ -100,6 +100,8 @@ class Need(NamedTuple):
                     code = core_reason(devcore, usedcores, used, cores)
                     if code is None:
                         ok += 1
+                        if ok >= self.nums or s.mig:
+                            return None  # enough cards: the other cards' reasons are never read
                         continue
             codes.append(code)
         if ok >= self.nums or (ok and s.mig):
