@@ -57,9 +57,8 @@ from hami.config import DeviceConfig  # noqa: E402
 from hami.simulate.openb import load_nodes, load_pods  # noqa: E402
 from kubefakes.apiserver import FakeApiServer  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
-if not DATA.exists() and Path("/work/shared/data/alibaba-gpu-v2023").exists():
-    DATA = Path("/work/shared/data/alibaba-gpu-v2023")  # a worktree beside the checkout
+# The trace beside the checkout, or where HAMI_TRACE_DIR names it (a second checkout elsewhere).
+DATA = Path(os.environ.get("HAMI_TRACE_DIR", ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"))
 
 
 def cpu_seconds(pid: int) -> float:
