@@ -80,8 +80,10 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         scheduler_name: str | None = None,
         request_memo: int = 0,
         spec_floor: bool = False,
+        learn_workload: bool = False,
     ) -> None:
-        """`request_memo`: how many distinct container lists' parsed device requests to keep (0: none),
+        """`learn_workload`: count every pod into the learned workload from the start, whatever the
+        policies (the simulator measures every policy's fragmentation with it). `request_memo`: how many distinct container lists' parsed device requests to keep (0: none),
         for callers that submit many pods alike (the simulator); a pod's requests depend only on its
         containers, so a kept parse is the parse. `spec_floor`: count a pod this state did not place at
         least at what its spec asks on each card (`hami.spec_limits.at_least_the_spec`); the extender
@@ -99,7 +101,9 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
         #: is `fragmentation`, else from the first pod whose own policy is (`filter`). Parsing every
         #: listed pod's requests for a workload that no policy reads was half of a fleet-size rebuild.
         sched = self.config.scheduler
-        self.learning = _configured_fragmentation(sched.nodeSchedulerPolicy, sched.gpuSchedulerPolicy)
+        self.learning = learn_workload or _configured_fragmentation(
+            sched.nodeSchedulerPolicy, sched.gpuSchedulerPolicy
+        )
         self._lock = threading.RLock()
         self._node_keys = (
             *dict.fromkeys(k for v in self.vendors.values() for k in v.node_annotation_keys),
