@@ -53,6 +53,7 @@
 #define DETACH_NS 10000000000ull
 #define CLOCK_JUMP_NS 10000000000ull /* a clock gap longer than this restarts the clock */
 #define MAX_OPEN 4096u               /* more processes with work than this is garbage */
+#define ALONE_SLACK_NS 1000ull        /* the clock's rounding: an interval charged within 1 us of its length was alone */
 
 typedef struct {
     int state; /* 0 not tried, 1 none, 2 attached */
@@ -61,7 +62,11 @@ typedef struct {
     _Atomic uint64_t detached_until; /* lock unusable: work alone until then */
     /* This process's active interval (under the card lock) and what it accumulated. */
     int active;
-    uint64_t v_act, t_act, acc_fair, acc_wall;
+    uint64_t v_act, t_act, g_act, acc_fair, acc_wall;
+    /* The whole queued interval (launch to drain; v_act/t_act restart at every take), and a
+     * decaying maximum of the lengths of this process's intervals that had the card alone:
+     * the card time its work takes when nothing waits beside it (0: none seen yet). */
+    uint64_t v_q, t_q, alone_ns;
 } card_ref_t;
 static card_ref_t refs[VGPU_MAX_DEVICES];
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -305,12 +310,40 @@ static void close_interval(card_ref_t *c, vgpu_card_tenant_t *t, uint64_t now) {
     uint64_t v = c->r->vclock_ns;
     uint64_t wall = now > c->t_act ? now - c->t_act : 0;
     uint64_t fair = v > c->v_act ? v - c->v_act : 0;
+    uint64_t g = atomic_load(&c->r->given_ns);
+    fair += g > c->g_act ? g - c->g_act : 0; /* card time neighbours counted as theirs but left to the others */
     if (fair > wall) fair = wall; /* a clock written forward: never charge more than the wall time */
     c->acc_fair += fair;
     c->acc_wall += wall;
     atomic_fetch_add(&t->fair_busy_ns_total, fair);
     atomic_fetch_add(&t->wall_busy_ns_total, wall);
     c->active = 0;
+}
+
+/* Caller holds the lock, after close_interval at the drain `now` of this process's queued
+ * interval. A time-sliced card runs a context's work only in its time slices: a small piece of
+ * work queued beside a busy neighbour waits for the neighbour's slice and then takes a moment,
+ * so its queued interval is mostly the neighbour's card time, yet the clock counted both as
+ * sharing it (a 50 % tenant beside a tiny kernel every 50 ms got 59 % on the H200). The card
+ * time this interval used is taken as at most twice what this process's intervals take with the
+ * card to themselves (alone_ns); what the clock charged it beyond that is added to given_ns,
+ * split over the tenants active now, and each of them adds its advance to its charge. Nothing
+ * is taken off this process's own charge (its cap never rests on the estimate), and a neighbour
+ * is never charged more than its wall time. An interval the clock ran at full rate had the card
+ * alone: it updates alone_ns. */
+static void give_back(card_ref_t *c, vgpu_card_region_t *r, uint64_t now) {
+    uint64_t len = now > c->t_q ? now - c->t_q : 0, v = r->vclock_ns;
+    uint64_t fair = v > c->v_q ? v - c->v_q : 0;
+    if (fair > len) fair = len;
+    if (fair + ALONE_SLACK_NS >= len) {
+        uint64_t decayed = c->alone_ns - c->alone_ns / 8;
+        c->alone_ns = len > decayed ? len : decayed;
+        return;
+    }
+    uint32_t others = r->active > 0 ? r->active - 1 : 0; /* this tenant is still counted */
+    if (!c->alone_ns || !others || others > VGPU_CARD_MAX_TENANTS) return;
+    uint64_t used = 2 * c->alone_ns;
+    if (fair > used) atomic_fetch_add(&r->given_ns, (fair - used) / others);
 }
 
 void vgpu_card_queued(int rdev, int on) {
@@ -322,19 +355,25 @@ void vgpu_card_queued(int rdev, int on) {
     advance(r, now);
     uint32_t open = atomic_load(&t->open);
     if (open > MAX_OPEN) open = 0;
-    if (on && !c->active) {
+    int started = on && !c->active;
+    if (started) {
         open++;
         c->active = 1;
         c->v_act = r->vclock_ns;
         c->t_act = now;
     } else if (!on && c->active) {
         close_interval(c, t, now);
+        give_back(c, r, now);
         if (open) open--;
     }
     atomic_store(&t->open, open);
     atomic_store(&t->touch_ns, now);
     advance(r, now);
-    if (on && c->active) c->v_act = r->vclock_ns; /* the recount may have restarted the clock */
+    if (started) { /* the recount may have restarted the clock */
+        c->v_act = c->v_q = r->vclock_ns;
+        c->t_q = now;
+        c->g_act = atomic_load(&r->given_ns);
+    }
     unlock_of(r);
 }
 
@@ -350,6 +389,7 @@ int vgpu_card_take(int rdev, uint64_t *fair, uint64_t *wall) {
         c->active = 1;
         c->v_act = r->vclock_ns;
         c->t_act = now;
+        c->g_act = atomic_load(&r->given_ns);
     }
     *fair = c->acc_fair;
     *wall = c->acc_wall;
