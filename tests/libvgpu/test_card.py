@@ -270,3 +270,55 @@ def test_a_busy_neighbour_still_halves_the_charge(cli, card_dir):
 def test_a_handed_back_time_written_forward_never_charges_more_than_the_wall_time(cli, card_dir):
     fair, wall = card_model(cli, card_dir, "garbage")["A"]
     assert (fair, wall) == (250_000_000, 250_000_000)
+
+
+def open_of(card_dir, sm):
+    return read_card(card_dir)[1][sm][0]
+
+
+def wait_open(card_dir, sm, want, seconds=4.0):
+    deadline = time.monotonic() + seconds
+    while open_of(card_dir, sm) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return open_of(card_dir, sm)
+
+
+def test_one_stream_of_four_synchronised_leaves_the_tenant_sharing_the_card(cli, card_dir):
+    # The 4-stream tenant of the H200 benchmark synchronises each of its streams in turn. A stream
+    # synchronisation says nothing about the other streams' work, so while one of them still has
+    # kernels queued the tenant keeps counting as sharing the card (the fake's streams complete
+    # one by one: their kernels run in launch order, 0.5 s each; stream 3 has 8 of them). After
+    # the last stream the idle watcher finds all four complete.
+    go = cli.tmp / "go"
+    env = {**tenant_env(cli, card_dir, "four", 50), "FAKE_KERNEL_US": "500000"}
+    ops = ["init", "streams", "4", "slaunch", "0", "1", "slaunch", "1", "1", "slaunch", "2", "1", "slaunch", "3", "8",
+           "ssync", "0", "ssync", "1", "ssync", "2", "waitfile", str(go), "ssync", "3", "sleep", "5000"]  # fmt: skip
+    p = cli.popen(*ops, env=env)
+    try:
+        for _ in range(3):
+            assert wait_line(p, "ssync").split() == ["ssync", "0"]
+        wait_line(p, "waiting")
+        active, entries = read_card(card_dir)
+        assert entries[50][0] == 1 and active == 1, (active, entries)  # stream 3: 3.5 s of work left
+        go.touch()
+        assert wait_line(p, "ssync").split() == ["ssync", "0"]
+        assert wait_open(card_dir, 50, 0) == 0, read_card(card_dir)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_only_stream_synchronised_ends_the_queued_work_at_once(cli, card_dir):
+    # The 1-stream tenant of the same benchmark: its synchronisation covers all it launched.
+    go = cli.tmp / "go"
+    env = {**tenant_env(cli, card_dir, "one", 50), "FAKE_KERNEL_US": "200000"}
+    p = cli.popen("init", "streams", "1", "slaunch", "0", "4", "ssync", "0", "waitfile", str(go), env=env)
+    try:
+        assert wait_line(p, "ssync").split() == ["ssync", "0"]
+        wait_line(p, "waiting")
+        active, entries = read_card(card_dir)
+        assert entries[50][0] == 0 and active == 0, (active, entries)
+        go.touch()
+    finally:
+        p.kill()
+        p.wait()
