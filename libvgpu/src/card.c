@@ -54,6 +54,7 @@
 #define CLOCK_JUMP_NS 10000000000ull /* a clock gap longer than this restarts the clock */
 #define MAX_OPEN 4096u               /* more processes with work than this is garbage */
 #define ALONE_SLACK_NS 1000ull        /* the clock's rounding: an interval charged within 1 us of its length was alone */
+#define CREDIT_NS 100000000ull        /* at most 100 ms of undercharge held against later hand-backs */
 
 typedef struct {
     int state; /* 0 not tried, 1 none, 2 attached */
@@ -67,6 +68,7 @@ typedef struct {
      * decaying maximum of the lengths of this process's intervals that had the card alone:
      * the card time its work takes when nothing waits beside it (0: none seen yet). */
     uint64_t v_q, t_q, alone_ns;
+    int64_t owed; /* charged beyond the card time used, over this process's shared intervals (>= -CREDIT_NS) */
 } card_ref_t;
 static card_ref_t refs[VGPU_MAX_DEVICES];
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -225,6 +227,7 @@ static void card_after_fork(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) { /* the parent's intervals are not the child's */
         refs[i].active = 0;
         refs[i].acc_fair = refs[i].acc_wall = 0;
+        refs[i].owed = 0;
     }
 }
 __attribute__((constructor)) static void card_register_fork(void) { vgpu_on_fork_child(card_after_fork); }
@@ -310,9 +313,13 @@ static void close_interval(card_ref_t *c, vgpu_card_tenant_t *t, uint64_t now) {
     uint64_t v = c->r->vclock_ns;
     uint64_t wall = now > c->t_act ? now - c->t_act : 0;
     uint64_t fair = v > c->v_act ? v - c->v_act : 0;
-    uint64_t g = atomic_load(&c->r->given_ns);
-    fair += g > c->g_act ? g - c->g_act : 0; /* card time neighbours counted as theirs but left to the others */
     if (fair > wall) fair = wall; /* a clock written forward: never charge more than the wall time */
+    /* Card time neighbours were counted as sharing but left to the others (give_back). It may
+     * cover several of this process's intervals (a neighbour hands back at its drain), so it is
+     * capped by the wall time over the whole take, not per interval. */
+    uint64_t g = atomic_load(&c->r->given_ns);
+    uint64_t given = g > c->g_act ? g - c->g_act : 0;
+    c->acc_fair += given > wall * 64 ? wall * 64 : given; /* no overflow from garbage */
     c->acc_fair += fair;
     c->acc_wall += wall;
     atomic_fetch_add(&t->fair_busy_ns_total, fair);
@@ -325,12 +332,14 @@ static void close_interval(card_ref_t *c, vgpu_card_tenant_t *t, uint64_t now) {
  * work queued beside a busy neighbour waits for the neighbour's slice and then takes a moment,
  * so its queued interval is mostly the neighbour's card time, yet the clock counted both as
  * sharing it (a 50 % tenant beside a tiny kernel every 50 ms got 59 % on the H200). The card
- * time this interval used is taken as at most twice what this process's intervals take with the
- * card to themselves (alone_ns); what the clock charged it beyond that is added to given_ns,
- * split over the tenants active now, and each of them adds its advance to its charge. Nothing
- * is taken off this process's own charge (its cap never rests on the estimate), and a neighbour
- * is never charged more than its wall time. An interval the clock ran at full rate had the card
- * alone: it updates alone_ns. */
+ * time a shared interval used is taken as its length, but at most twice what this process's
+ * intervals take with the card to themselves (alone_ns: an interval the clock ran at full rate).
+ * What the clock charged beyond that, less what it charged short of it in other shared
+ * intervals (`owed`: a busy tenant's steps inside its own time slice used the whole card at half
+ * the charge, and its step that waited out the neighbour's slice evens that out), is added to
+ * given_ns split over the tenants active now; each of them adds its advance to its own charge.
+ * Nothing is taken off this process's own charge (its cap never rests on the estimate), and a
+ * neighbour is never charged more than its wall time. */
 static void give_back(card_ref_t *c, vgpu_card_region_t *r, uint64_t now) {
     uint64_t len = now > c->t_q ? now - c->t_q : 0, v = r->vclock_ns;
     uint64_t fair = v > c->v_q ? v - c->v_q : 0;
@@ -340,10 +349,14 @@ static void give_back(card_ref_t *c, vgpu_card_region_t *r, uint64_t now) {
         c->alone_ns = len > decayed ? len : decayed;
         return;
     }
+    if (!c->alone_ns) return;
+    uint64_t used = len < 2 * c->alone_ns ? len : 2 * c->alone_ns;
+    c->owed += (int64_t)fair - (int64_t)used;
+    if (c->owed < -(int64_t)CREDIT_NS) c->owed = -(int64_t)CREDIT_NS;
     uint32_t others = r->active > 0 ? r->active - 1 : 0; /* this tenant is still counted */
-    if (!c->alone_ns || !others || others > VGPU_CARD_MAX_TENANTS) return;
-    uint64_t used = 2 * c->alone_ns;
-    if (fair > used) atomic_fetch_add(&r->given_ns, (fair - used) / others);
+    if (c->owed <= 0) return;
+    if (others && others <= VGPU_CARD_MAX_TENANTS) atomic_fetch_add(&r->given_ns, (uint64_t)c->owed / others);
+    c->owed = 0;
 }
 
 void vgpu_card_queued(int rdev, int on) {
@@ -391,8 +404,8 @@ int vgpu_card_take(int rdev, uint64_t *fair, uint64_t *wall) {
         c->t_act = now;
         c->g_act = atomic_load(&r->given_ns);
     }
-    *fair = c->acc_fair;
     *wall = c->acc_wall;
+    *fair = c->acc_fair < c->acc_wall ? c->acc_fair : c->acc_wall;
     c->acc_fair = c->acc_wall = 0;
     unlock_of(r);
     return 0;

@@ -1,20 +1,26 @@
 /*
- * t_cardmodel.c - the per-card fair clock (src/card.c) driven by a scripted clock, so a charge can
- * be checked exactly, with no timing of the machine that runs the test.
+ * t_cardmodel.c - the per-card fair clock (src/card.c) over a modelled time-sliced card and a
+ * scripted clock, so what a tenant is charged can be set against the card time it got, exactly,
+ * with no timing of the machine that runs the test.
  *
- * Why compiled in, not preloaded: what is checked is the clock's arithmetic over a time-sliced
- * card's pattern (how long each tenant's work stays queued), which the fake driver's processor
- * sharing cannot produce: on a real card a tiny kernel queued beside a busy neighbour waits for
- * the neighbour's time slice. Two tenants live in this one process as two region devices that map
- * the same card file under two tenant keys; time moves only when the script moves it.
+ * Why compiled in, not preloaded: the fake driver's card is processor sharing (each context with
+ * work progresses at 1/k), in which a tiny kernel beside a busy tenant is done at once. A real
+ * card without MPS runs one context at a time for a time slice, or until it has no work left, so
+ * a tiny kernel queued beside a busy tenant waits out the tenant's slice: the busy tenant keeps
+ * the card through the short gaps between its steps. That is modelled here, 10 us at a time, with
+ * 30 ms slices (a model of the H200's pattern, which gave a 50 % tenant 59 % beside such a
+ * neighbour when the neighbour's queued time counted as sharing the card). The tenants live in this one process as region devices that map the same
+ * card file under different tenant keys; each queues its work (vgpu_card_queued on) when it
+ * launches and drains it (off) when its work is done, as a synchronisation would.
  *
  * Usage: t_cardmodel <card dir> sparse|heavy|garbage
- *   sparse:  A queued 250 ms, idle 250 ms (a 50 % tenant), for 4 s; B launches a tiny kernel every
- *            50 ms: 0.1 ms queued when A is idle, 17 ms (A's time slice, then the kernel) when A
- *            has work.
- *   heavy:   the same A; B back to back steps of 6.6 ms alone, 13.2 ms beside A.
- *   garbage: A queued 250 ms while the card's given_ns is written forward by 10 s.
- * Prints "A fair <ns> wall <ns>" and "B fair <ns> wall <ns>" (what vgpu_card_take returned).
+ *   Tenant A: steps of 6.6 ms of work back to back (50 us apart) for 250 ms, then 250 ms without
+ *   work (a tenant at 50 %), for 4 s; its charge is taken at the end of each 250 ms of work.
+ *   sparse:  B launches 0.1 ms of work every 50 ms.
+ *   heavy:   B runs steps of 6.6 ms back to back (an unlimited tenant).
+ *   garbage: A queued 250 ms alone while the card's given_ns is written forward by 10 s.
+ * Prints "<tenant> fair <ns> wall <ns> got <ns>": what vgpu_card_take returned over the run,
+ * and the card time the tenant's work was given.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -39,14 +45,19 @@ void vgpu_on_fork_child(void (*fn)(void)) {}
 
 #define MS 1000000ull
 #define US 1000ull
+#define SLICE_NS (30 * MS)
 
-static uint64_t fair_sum[2], wall_sum[2];
+typedef struct {
+    int on;                      /* work queued (between launch and drain) */
+    uint64_t rem, next, work, gap;
+    uint64_t fair, wall, got;
+} tenant_t;
 
-static void take(int who) {
+static void take(int who, tenant_t *t) {
     uint64_t f, w;
     if (vgpu_card_take(who, &f, &w) != 0) { fprintf(stderr, "take failed\n"); exit(2); }
-    fair_sum[who] += f;
-    wall_sum[who] += w;
+    t->fair += f;
+    t->wall += w;
 }
 
 int main(int argc, char **argv) {
@@ -60,40 +71,71 @@ int main(int argc, char **argv) {
         if (vgpu_card_attach(i) != 0) { fprintf(stderr, "attach %d failed\n", i); return 2; }
     }
     const char *mode = argv[2];
-    uint64_t t0 = fake_now, tick = 10 * US;
-    int a_on = 0, b_on = 0;
-    uint64_t b_next = t0, b_end = 0;
+    tenant_t ts[2];
+    memset(ts, 0, sizeof ts);
     if (!strcmp(mode, "garbage")) {
         vgpu_card_queued(0, 1);
         fake_now += 100 * MS;
         atomic_fetch_add(&refs[0].r->given_ns, 10000 * MS);
         fake_now += 150 * MS;
         vgpu_card_queued(0, 0);
-        take(0);
-    } else {
-        int heavy = !strcmp(mode, "heavy");
+        take(0, &ts[0]);
+    } else if (!strcmp(mode, "sparse") || !strcmp(mode, "heavy")) {
+        int sparse = !strcmp(mode, "sparse");
+        uint64_t t0 = fake_now, tick = 10 * US, slice_from = t0, owner_idle = t0;
+        ts[0].work = 6600 * US;
+        ts[0].gap = 50 * US;
+        ts[1].work = sparse ? 100 * US : 6600 * US;
+        ts[1].gap = sparse ? 50 * MS : 50 * US;
+        int owner = -1, a_phase = 1;
         for (; fake_now < t0 + 4000 * MS; fake_now += tick) {
-            int a_want = (fake_now - t0) % (500 * MS) < 250 * MS;
-            if (a_want && !a_on) vgpu_card_queued(0, 1);
-            if (!a_want && a_on) {
-                vgpu_card_queued(0, 0);
-                take(0);
+            int phase = (fake_now - t0) % (500 * MS) < 250 * MS;
+            if (a_phase && !phase) take(0, &ts[0]);
+            a_phase = phase;
+            for (int i = 0; i < 2; i++) { /* launches */
+                tenant_t *t = &ts[i];
+                if (t->on || fake_now < t->next || (i == 0 && !phase)) continue;
+                t->on = 1;
+                t->rem = t->work;
+                vgpu_card_queued(i, 1);
             }
-            a_on = a_want;
-            if (b_on && fake_now >= b_end) {
-                vgpu_card_queued(1, 0);
-                b_on = 0;
-                b_next = fake_now + (heavy ? 50 * US : 50 * MS);
+            /* the card: the owner keeps it for its time slice, through the short gaps between its
+             * steps, and gives it up when the slice ends or it has had no work for 200 us */
+            if (owner >= 0 && ts[owner].rem) owner_idle = fake_now;
+            if (owner < 0 || fake_now - owner_idle >= 200 * US || fake_now - slice_from >= SLICE_NS) {
+                int next = -1;
+                for (int k = 1; k <= 2 && next < 0; k++) {
+                    int i = ((owner < 0 ? 0 : owner) + k) % 2;
+                    if (ts[i].rem) next = i;
+                }
+                if (next >= 0) {
+                    slice_from = owner_idle = fake_now;
+                    owner = next;
+                }
             }
-            if (!b_on && fake_now >= b_next) {
-                vgpu_card_queued(1, 1);
-                b_on = 1;
-                b_end = fake_now + (heavy ? (a_on ? 13200 * US : 6600 * US) : (a_on ? 17 * MS : 100 * US));
+            if (owner >= 0 && ts[owner].rem) {
+                tenant_t *t = &ts[owner];
+                uint64_t d = t->rem < tick ? t->rem : tick;
+                t->rem -= d;
+                t->got += d;
+            }
+            for (int i = 0; i < 2; i++) { /* drains: the work is done at the end of this tick */
+                tenant_t *t = &ts[i];
+                if (!t->on || t->rem) continue;
+                fake_now += tick;
+                vgpu_card_queued(i, 0);
+                fake_now -= tick;
+                t->on = 0;
+                t->next = fake_now + tick + t->gap;
             }
         }
-        take(1);
+        take(1, &ts[1]);
+    } else {
+        fprintf(stderr, "unknown scenario %s\n", mode);
+        return 2;
     }
-    printf("A fair %llu wall %llu\n", (unsigned long long)fair_sum[0], (unsigned long long)wall_sum[0]);
-    printf("B fair %llu wall %llu\n", (unsigned long long)fair_sum[1], (unsigned long long)wall_sum[1]);
+    for (int i = 0; i < 2; i++)
+        printf("%c fair %llu wall %llu got %llu\n", 'A' + i, (unsigned long long)ts[i].fair,
+               (unsigned long long)ts[i].wall, (unsigned long long)ts[i].got);
     return 0;
 }
