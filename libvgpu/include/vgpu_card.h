@@ -1,5 +1,5 @@
 /*
- * vgpu_card.h - the binary layout of the per-card shared region (version 1.2; 1.0's layout plus given_ns).
+ * vgpu_card.h - the binary layout of the per-card shared region (version 1.1; the layout of 1.0).
  *
  * Why a second region: the per-container region (vgpu_region.h) is private to one container,
  * so a container's compute limiter cannot tell its own kernels' time from a neighbour's on a
@@ -24,7 +24,7 @@
 
 #define VGPU_CARD_MAGIC 0x44524356u /* bytes "VCRD" in file order */
 #define VGPU_CARD_MAJOR 1u
-#define VGPU_CARD_MINOR 2u
+#define VGPU_CARD_MINOR 1u
 #define VGPU_CARD_MAX_TENANTS 64
 #define VGPU_CARD_HEADER_SIZE 256u
 #define VGPU_CARD_TENANT_SIZE 128u
@@ -56,8 +56,7 @@ typedef struct {
     uint64_t last_ns;         /* 48 CLOCK_MONOTONIC ns when vclock_ns was last advanced */
     uint32_t active;          /* 56 tenants with work queued at last_ns */
     uint32_t pad1;            /* 60 */
-    _Atomic uint64_t given_ns; /* 64 card time tenants' intervals were counted as sharing but left to the others, ns per tenant (1.2) */
-    uint8_t reserved[VGPU_CARD_HEADER_SIZE - 72];
+    uint8_t reserved[VGPU_CARD_HEADER_SIZE - 64];
     vgpu_card_tenant_t tenants[VGPU_CARD_MAX_TENANTS]; /* 256 */
 } vgpu_card_region_t;
 

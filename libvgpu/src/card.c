@@ -53,8 +53,6 @@
 #define DETACH_NS 10000000000ull
 #define CLOCK_JUMP_NS 10000000000ull /* a clock gap longer than this restarts the clock */
 #define MAX_OPEN 4096u               /* more processes with work than this is garbage */
-#define ALONE_SLACK_NS 1000ull        /* the clock's rounding: an interval charged within 1 us of its length was alone */
-#define CREDIT_NS 100000000ull        /* at most 100 ms of undercharge held against later hand-backs */
 
 typedef struct {
     int state; /* 0 not tried, 1 none, 2 attached */
@@ -63,12 +61,7 @@ typedef struct {
     _Atomic uint64_t detached_until; /* lock unusable: work alone until then */
     /* This process's active interval (under the card lock) and what it accumulated. */
     int active;
-    uint64_t v_act, t_act, g_act, acc_fair, acc_wall;
-    /* The whole queued interval (launch to drain; v_act/t_act restart at every take), and a
-     * decaying maximum of the lengths of this process's intervals that had the card alone:
-     * the card time its work takes when nothing waits beside it (0: none seen yet). */
-    uint64_t v_q, t_q, alone_ns;
-    int64_t owed; /* charged beyond the card time used, over this process's shared intervals (>= -CREDIT_NS) */
+    uint64_t v_act, t_act, acc_fair, acc_wall;
 } card_ref_t;
 static card_ref_t refs[VGPU_MAX_DEVICES];
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -227,7 +220,6 @@ static void card_after_fork(void) {
     for (int i = 0; i < VGPU_MAX_DEVICES; i++) { /* the parent's intervals are not the child's */
         refs[i].active = 0;
         refs[i].acc_fair = refs[i].acc_wall = 0;
-        refs[i].owed = 0;
     }
 }
 __attribute__((constructor)) static void card_register_fork(void) { vgpu_on_fork_child(card_after_fork); }
@@ -314,49 +306,11 @@ static void close_interval(card_ref_t *c, vgpu_card_tenant_t *t, uint64_t now) {
     uint64_t wall = now > c->t_act ? now - c->t_act : 0;
     uint64_t fair = v > c->v_act ? v - c->v_act : 0;
     if (fair > wall) fair = wall; /* a clock written forward: never charge more than the wall time */
-    /* Card time neighbours were counted as sharing but left to the others (give_back). It may
-     * cover several of this process's intervals (a neighbour hands back at its drain), so it is
-     * capped by the wall time over the whole take, not per interval. */
-    uint64_t g = atomic_load(&c->r->given_ns);
-    uint64_t given = g > c->g_act ? g - c->g_act : 0;
-    c->acc_fair += given > wall * 64 ? wall * 64 : given; /* no overflow from garbage */
     c->acc_fair += fair;
     c->acc_wall += wall;
     atomic_fetch_add(&t->fair_busy_ns_total, fair);
     atomic_fetch_add(&t->wall_busy_ns_total, wall);
     c->active = 0;
-}
-
-/* Caller holds the lock, after close_interval at the drain `now` of this process's queued
- * interval. A time-sliced card runs a context's work only in its time slices: a small piece of
- * work queued beside a busy neighbour waits for the neighbour's slice and then takes a moment,
- * so its queued interval is mostly the neighbour's card time, yet the clock counted both as
- * sharing it (a 50 % tenant beside a tiny kernel every 50 ms got 59 % on the H200). The card
- * time a shared interval used is taken as its length, but at most twice what this process's
- * intervals take with the card to themselves (alone_ns: an interval the clock ran at full rate).
- * What the clock charged beyond that, less what it charged short of it in other shared
- * intervals (`owed`: a busy tenant's steps inside its own time slice used the whole card at half
- * the charge, and its step that waited out the neighbour's slice evens that out), is added to
- * given_ns split over the tenants active now; each of them adds its advance to its own charge.
- * Nothing is taken off this process's own charge (its cap never rests on the estimate), and a
- * neighbour is never charged more than its wall time. */
-static void give_back(card_ref_t *c, vgpu_card_region_t *r, uint64_t now) {
-    uint64_t len = now > c->t_q ? now - c->t_q : 0, v = r->vclock_ns;
-    uint64_t fair = v > c->v_q ? v - c->v_q : 0;
-    if (fair > len) fair = len;
-    if (fair + ALONE_SLACK_NS >= len) {
-        uint64_t decayed = c->alone_ns - c->alone_ns / 8;
-        c->alone_ns = len > decayed ? len : decayed;
-        return;
-    }
-    if (!c->alone_ns) return;
-    uint64_t used = len < 2 * c->alone_ns ? len : 2 * c->alone_ns;
-    c->owed += (int64_t)fair - (int64_t)used;
-    if (c->owed < -(int64_t)CREDIT_NS) c->owed = -(int64_t)CREDIT_NS;
-    uint32_t others = r->active > 0 ? r->active - 1 : 0; /* this tenant is still counted */
-    if (c->owed <= 0) return;
-    if (others && others <= VGPU_CARD_MAX_TENANTS) atomic_fetch_add(&r->given_ns, (uint64_t)c->owed / others);
-    c->owed = 0;
 }
 
 void vgpu_card_queued(int rdev, int on) {
@@ -368,25 +322,19 @@ void vgpu_card_queued(int rdev, int on) {
     advance(r, now);
     uint32_t open = atomic_load(&t->open);
     if (open > MAX_OPEN) open = 0;
-    int started = on && !c->active;
-    if (started) {
+    if (on && !c->active) {
         open++;
         c->active = 1;
         c->v_act = r->vclock_ns;
         c->t_act = now;
     } else if (!on && c->active) {
         close_interval(c, t, now);
-        give_back(c, r, now);
         if (open) open--;
     }
     atomic_store(&t->open, open);
     atomic_store(&t->touch_ns, now);
     advance(r, now);
-    if (started) { /* the recount may have restarted the clock */
-        c->v_act = c->v_q = r->vclock_ns;
-        c->t_q = now;
-        c->g_act = atomic_load(&r->given_ns);
-    }
+    if (on && c->active) c->v_act = r->vclock_ns; /* the recount may have restarted the clock */
     unlock_of(r);
 }
 
@@ -402,10 +350,9 @@ int vgpu_card_take(int rdev, uint64_t *fair, uint64_t *wall) {
         c->active = 1;
         c->v_act = r->vclock_ns;
         c->t_act = now;
-        c->g_act = atomic_load(&r->given_ns);
     }
+    *fair = c->acc_fair;
     *wall = c->acc_wall;
-    *fair = c->acc_fair < c->acc_wall ? c->acc_fair : c->acc_wall;
     c->acc_fair = c->acc_wall = 0;
     unlock_of(r);
     return 0;

@@ -169,7 +169,7 @@ def test_card_region_layout(cli, card_dir):
     tenants(cli, card_dir, [(50, 1), (30, 0)], ms=300)
     raw = (card_dir / f"{UUID0}.card").read_bytes()
     magic, major, minor, hsize, tsize, maxt = struct.unpack_from("<6I", raw, 0)
-    assert (magic, major, minor, hsize, tsize, maxt) == (0x44524356, 1, 2, 256, 128, 64)
+    assert (magic, major, minor, hsize, tsize, maxt) == (0x44524356, 1, 1, 256, 128, 64)
     assert len(raw) == 256 + 64 * 128
     entries = []
     for i in range(64):
@@ -247,34 +247,29 @@ def card_model(cli, card_dir, scenario):
     return out
 
 
-def test_a_tenant_beside_a_sparse_neighbour_pays_the_card_time_the_neighbour_left_it(cli, card_dir):
+@pytest.mark.xfail(strict=True, reason="open: the fair clock counts a sparse neighbour's whole queued interval as "
+                   "sharing the card (H200: 59 % at a 50 % limit; docs/benchmarks.md run 14)")
+def test_a_tenant_beside_a_sparse_neighbour_is_charged_the_card_time_it_got(cli, card_dir):
     # A time-sliced card runs a tiny kernel queued beside a busy tenant only after the tenant's
     # time slice (30 ms in the model): the neighbour's work stays queued up to 30 ms and takes
-    # 0.1 ms of it. The clock counted both as sharing the card all that time, so the busy tenant
-    # (250 ms of work, 250 ms without, as at 50 %) charged itself 0.905 of the time it had work
-    # queued while it got the whole card (59 % instead of 50 on the H200). Now the neighbour hands
-    # back what it was charged beyond the card time its work can have used.
+    # 0.1 ms of it. The clock counts both as sharing the card all that time, so the busy tenant
+    # (250 ms of work, 250 ms without, as at 50 %) charges itself 0.905 of its queued time while
+    # it gets the whole card. A hand-back of the neighbour's overcharge met this (0.989) but failed
+    # the busy-neighbour guarantee on the H200, so it is not in the library; this marks the gap.
     fair, wall, got = card_model(cli, card_dir, "sparse")["A"]
     assert got / wall >= 0.99, (got, wall)  # the model: A had the card to itself
-    assert 0.97 <= fair / wall <= 1.0, fair / wall  # main: 0.905
+    assert 0.97 <= fair / wall <= 1.0, fair / wall  # now: 0.905
 
 
-def test_a_busy_neighbour_still_halves_the_charge(cli, card_dir):
-    # The 50-beside-unlimited guarantee: a neighbour with steps back to back takes every other
-    # 30 ms slice and hands back nothing net (its steps inside its own slice used the whole card
-    # at half the charge; its step that waited out A's slice evens that out), so A is charged
-    # about the half it got.
+def test_a_busy_neighbour_halves_the_charge(cli, card_dir):
+    # The 50-beside-unlimited guarantee's arithmetic: a neighbour with steps back to back takes
+    # every other 30 ms slice, and the tenant is charged about the half it got.
     got = card_model(cli, card_dir, "heavy")
     fair, wall, card = got["A"]
     assert 0.45 <= card / wall <= 0.55, (card, wall)
-    assert 0.48 <= fair / wall <= 0.53, fair / wall  # a hand-back per waited-out step: 0.57
+    assert 0.48 <= fair / wall <= 0.53, fair / wall  # a per-interval hand-back of waited-out time: 0.57
     fair_b, wall_b, _ = got["B"]
     assert 0.70 <= fair_b / wall_b <= 0.80, fair_b / wall_b  # half while A works, whole while it rests
-
-
-def test_a_handed_back_time_written_forward_never_charges_more_than_the_wall_time(cli, card_dir):
-    fair, wall, _ = card_model(cli, card_dir, "garbage")["A"]
-    assert (fair, wall) == (250_000_000, 250_000_000)
 
 
 def open_of(card_dir, sm):
