@@ -10,8 +10,9 @@
  * the card through the short gaps between its steps. That is modelled here, 10 us at a time, with
  * 30 ms slices: a model, not the H200's measured behaviour (the H200 gave a 50 % tenant 59 %
  * beside such a neighbour, which this pattern explains, but a correction built on the model
- * took a 50 % tenant beside an unlimited one from 46 % to 36 % there: docs/benchmarks.md, run 14). The tenants live in this one process as region devices that map the same
- * card file under different tenant keys; each queues its work (vgpu_card_queued on) when it
+ * took a 50 % tenant beside an unlimited one from 46 % to 36 % there: docs/benchmarks.md,
+ * run 14). The tenants live in this one process as region devices that map the same card file
+ * under different tenant keys; each queues its work (vgpu_card_queued on) when it
  * launches and drains it (off) when its work is done, as a synchronisation would.
  *
  * Usage: t_cardmodel <card dir> sparse|heavy
