@@ -50,8 +50,12 @@ MAX_BYTES = 65536
 _NAMES = re.compile(
     r"CUDA_DEVICE_MEMORY_LIMIT(_[0-9]{1,2})?|CUDA_DEVICE_SM_LIMIT(_[0-9]{1,2})?|CUDA_DEVICE_MEMORY_SHARED_CACHE"
     r"|CUDA_TASK_PRIORITY|GPU_CORE_UTILIZATION_POLICY|LIBVGPU_CARD_DIR|LIBVGPU_SM_USE_IDLE|LIBVGPU_PRIORITY_FLOOR"
-    r"|CUDA_DISABLE_CONTROL"
+    r"|CUDA_DISABLE_CONTROL|LIBVGPU_SM_SLICE_MS|LIBVGPU_DEVICE_UUID_[0-9]{1,2}"
 )
+#: ``LIBVGPU_DEVICE_UUID_<i>``: the card of container index ``i`` (the ``<i>`` of
+#: ``CUDA_DEVICE_MEMORY_LIMIT_<i>``), so that libvgpu finds a card's limit by its UUID, not by an
+#: index that ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER`` or the node's PCI order can shift.
+ENV_DEVICE_UUID = "LIBVGPU_DEVICE_UUID_{i}"
 
 
 class ConfigFileError(InvalidRequest):
@@ -63,12 +67,12 @@ def is_config_name(name: str) -> bool:
     return _NAMES.fullmatch(name) is not None
 
 
-def render(envs: Mapping[str, str], *, priority: str | None = None) -> str:
+def render(envs: Mapping[str, str], *, priority: str | None = None, uuids: Sequence[str] = ()) -> str:
     """The file's text for a container whose Allocate environment is `envs`.
 
     Only the names of the libvgpu contract are written (``NVIDIA_VISIBLE_DEVICES`` and the like
     are the runtime's, not libvgpu's); `priority` is the container's ``CUDA_TASK_PRIORITY`` when
-    it sets one. ``CUDA_DISABLE_CONTROL`` and ``CUDA_TASK_PRIORITY`` are always written
+    it sets one; `uuids` are the container's cards in index order (``LIBVGPU_DEVICE_UUID_<i>``). ``CUDA_DISABLE_CONTROL`` and ``CUDA_TASK_PRIORITY`` are always written
     (EXPLICIT_DEFAULTS where neither `envs` nor `priority` gives them). Raises ConfigFileError
     when a value cannot be written as one line or when the result would lack a memory limit or
     the cache path (libvgpu refuses such a file).
@@ -76,6 +80,8 @@ def render(envs: Mapping[str, str], *, priority: str | None = None) -> str:
     facts = EXPLICIT_DEFAULTS | {k: str(v) for k, v in envs.items() if is_config_name(k)}
     if priority is not None:
         facts[ENV_TASK_PRIORITY] = str(priority)
+    for i, uuid in enumerate(uuids):
+        facts[ENV_DEVICE_UUID.format(i=i)] = uuid
     lines = ["# written by the HAMi device plugin at Allocate; read by libvgpu (read-only)", HEADER]
     for name in sorted(facts):
         value = facts[name]
@@ -167,7 +173,7 @@ def prepare(vgpu_dir: Path, cache_dir: Path, envs: Mapping[str, str], cards: Seq
     sets it). Raises OSError when the host files cannot be written, ConfigFileError when the
     environment cannot be expressed as a file libvgpu accepts.
     """
-    text = render(envs, priority=container_priority(container))
+    text = render(envs, priority=container_priority(container), uuids=cards)
     host_cfg = Path(cache_dir) / CONFIG_NAME
     # The directory is the container's, writable from inside it, and kept when the container is
     # served again after a reboot: a fixed temporary name there could be the tenant's link to a host

@@ -49,16 +49,19 @@ static int config_state = VGPU_CONFIG_NONE;
 static char config_file[4096];
 static pthread_once_t config_once = PTHREAD_ONCE_INIT;
 
-/* The names the file may carry: the same facts as the environment the plugin sets. */
+/* The names the file may carry: the same facts as the environment the plugin sets, and every knob
+ * of the enforcement itself. LIBVGPU_SM_SLICE_MS is one: a slice the tenant sets to days never
+ * closes, so the limiter never pauses (the plugin does not write it: libvgpu's 250 ms apply). */
 static int known_name(const char *n) {
     static const char *const exact[] = {"CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_TASK_PRIORITY",
                                         "GPU_CORE_UTILIZATION_POLICY", "LIBVGPU_CARD_DIR",
                                         "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT",
-                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR", "CUDA_DISABLE_CONTROL"};
+                                        "LIBVGPU_SM_USE_IDLE", "LIBVGPU_PRIORITY_FLOOR", "CUDA_DISABLE_CONTROL",
+                                        "LIBVGPU_SM_SLICE_MS"};
     for (unsigned i = 0; i < sizeof exact / sizeof exact[0]; i++)
         if (!strcmp(n, exact[i])) return 1;
-    static const char *const indexed[] = {"CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"};
-    for (unsigned i = 0; i < 2; i++) {
+    static const char *const indexed[] = {"CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_", "LIBVGPU_DEVICE_UUID_"};
+    for (unsigned i = 0; i < 3; i++) {
         size_t l = strlen(indexed[i]);
         if (strncmp(n, indexed[i], l)) continue;
         const char *d = n + l;
@@ -275,6 +278,18 @@ int vgpu_config_has_prefix(const char *prefix) {
     for (char **e = environ; e && *e; e++)
         if (!strncmp(*e, prefix, l)) return 1;
     return 0;
+}
+
+int vgpu_config_index_of_uuid(const char *uuid) {
+    if (vgpu_config_state() != VGPU_CONFIG_OK || !uuid) return -2;
+    static const char prefix[] = "LIBVGPU_DEVICE_UUID_";
+    int listed = 0;
+    for (int i = 0; i < nentries; i++) {
+        if (strncmp(entries[i].name, prefix, sizeof prefix - 1)) continue;
+        listed = 1;
+        if (!strcasecmp(entries[i].value, uuid)) return atoi(entries[i].name + sizeof prefix - 1);
+    }
+    return listed ? -1 : -2;
 }
 
 /* ---------------- values ---------------- */

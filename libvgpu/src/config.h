@@ -16,7 +16,11 @@
 /* Where the file's contents stand (read once per process). */
 enum { VGPU_CONFIG_NONE = 0, VGPU_CONFIG_OK = 1, VGPU_CONFIG_BROKEN = 2 };
 int vgpu_config_state(void);
-const char *vgpu_config_path(void); /* "" when the library's own path is unknown */
+const char *vgpu_config_path(void);
+/* The container index (`<i>` of CUDA_DEVICE_MEMORY_LIMIT_<i>) the config file gives card `uuid`
+ * (LIBVGPU_DEVICE_UUID_<i>); -1 when the file lists cards but not this one, -2 when it lists none
+ * (an older device plugin) or there is no valid file. */
+int vgpu_config_index_of_uuid(const char *uuid); /* "" when the library's own path is unknown */
 
 /* The value of control variable `name`: the config file's where it exists and may carry `name`
  * (NULL when it is silent or broken; a different environment value is logged once), else the

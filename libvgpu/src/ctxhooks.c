@@ -1,9 +1,12 @@
 /*
  * ctxhooks.c - context memory: the primary context's and that of contexts made with
  * cuCtxCreate*, measured across the creating call (measure.c) and charged to the slot's
- * context[] without a limit check (the context exists already); given back when the last
- * reference to the primary context is released or it is reset, or the context destroyed -
- * and with it the charges of the modules loaded into it (owned.c).
+ * context[], limit checked: a context that does not fit is released or destroyed again and the
+ * caller gets CUDA_ERROR_OUT_OF_MEMORY, as from a full card. (Charged without the check, each
+ * context - about 500 MiB on an H200 - carried the container past its limit: a tenant that made
+ * contexts in a loop, or started processes, took the card's memory from its neighbours.) Given
+ * back when the last reference to the primary context is released or it is reset, or the context
+ * destroyed - and with it the charges of the modules loaded into it (owned.c).
  *
  * The primary context (about 500 MiB on an H200) is charged when this process first retains
  * it. Context creations and module loads of one process are serialised (vgpu_measure_lock),
@@ -54,11 +57,17 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     CUresult rc = CALL_REAL(fn, cuDevicePrimaryCtxRetain, pctx, dev);
     uint64_t charge = rc == CUDA_SUCCESS ? vgpu_ctx_measure_end(rdev, &m) : 0;
     if (rdev >= 0) vgpu_measure_unlock();
-    if (rc == CUDA_SUCCESS) {
+    if (rc == CUDA_SUCCESS && charge && rdev >= 0 && vgpu_reserve_context(rdev, charge) != 0) {
+        CALL_REAL(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
+        if (pctx) *pctx = NULL;
+        VLOG(VLOG_WARN, "cuDevicePrimaryCtxRetain: out of memory on device %d: the context needs %llu bytes, "
+             "%llu in use, limit %llu", (int)dev, (unsigned long long)charge,
+             (unsigned long long)vgpu_device_usage(rdev), (unsigned long long)vgpu_device_limit(rdev));
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (rc == CUDA_SUCCESS) {
         ctx_refs[dev]++;
         if (pctx) primary_ctx[dev] = *pctx;
         if (charge) {
-            vgpu_charge_context(rdev, charge);
             ctx_charged[dev] = charge;
             VLOG(VLOG_INFO, "context on device %d charged %llu bytes", (int)dev, (unsigned long long)charge);
         }
@@ -121,8 +130,16 @@ static int rdev_of_valid(CUdevice dev) {
         CUresult rc_ = (realcall);                                                       \
         uint64_t b_ = rc_ == CUDA_SUCCESS ? vgpu_ctx_measure_end(rdev_, &m_) : 0;        \
         vgpu_measure_unlock();                                                           \
+        if (b_ && rdev_ >= 0 && vgpu_reserve_context(rdev_, b_) != 0) {                 \
+            CALL_REAL(CUresult(*)(CUcontext), cuCtxDestroy_v2, *(pctx));                  \
+            VLOG(VLOG_WARN, "%s: out of memory on device %d: the context needs %llu bytes, "  \
+                 "%llu in use, limit %llu", api, (int)(dev), (unsigned long long)b_,      \
+                 (unsigned long long)vgpu_device_usage(rdev_),                            \
+                 (unsigned long long)vgpu_device_limit(rdev_));                           \
+            *(pctx) = NULL;                                                              \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                             \
+        }                                                                                \
         if (b_) {                                                                        \
-            vgpu_charge_context(rdev_, b_);                                              \
             vgpu_owned_add(O_CTX, (uint64_t)(uintptr_t)*(pctx), NULL, rdev_, b_);             \
             VLOG(VLOG_INFO, "%s: context on device %d charged %llu bytes", api, (int)(dev), \
                  (unsigned long long)b_);                                                \

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "config.h"
 #include "devmap.h"
 #include "forkreg.h"
 #include "log.h"
@@ -23,8 +24,22 @@ typedef CUresult (*devget_t)(CUdevice *, int);
 typedef CUresult (*uuid_fn_t)(CUuuid *, CUdevice);
 typedef void *nvmlDevice_t_;
 
-/* The container device index ("i" of CUDA_DEVICE_MEMORY_LIMIT_<i>) of CUDA ordinal `cudev`. */
+/* Index for a card the config file does not list: no CUDA_DEVICE_MEMORY_LIMIT_<i> names it, so its
+ * limit is 0 (fail closed). */
+#define UNLISTED_INDEX 99
+
+/* The container device index ("i" of CUDA_DEVICE_MEMORY_LIMIT_<i>) of CUDA ordinal `cudev`: the
+ * config file's LIBVGPU_DEVICE_UUID_<i> for its UUID where the file lists the cards (the tenant's
+ * CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER, and the node's PCI order, cannot shift it); else from
+ * CUDA_VISIBLE_DEVICES and NVML. */
 static int phys_index(int cudev, const char *uuid) {
+    int listed = vgpu_config_index_of_uuid(uuid);
+    if (listed >= 0) return listed;
+    if (listed == -1) {
+        VLOG(VLOG_ERROR, "CUDA device %d (%s) is not one of the container's cards in config file %s; its "
+             "memory limit is 0 (fail closed)", cudev, uuid, vgpu_config_path());
+        return UNLISTED_INDEX;
+    }
     const char *cvd = getenv("CUDA_VISIBLE_DEVICES"); /* the driver reads the environment alone */
     if (!cvd || !*cvd) return cudev;
     char buf[1024];
@@ -71,6 +86,13 @@ int vgpu_rdev_of_cuda(int cudev) {
         if (rc == CUDA_SUCCESS) format_uuid((const unsigned char *)u.bytes, uuid, sizeof uuid);
         else snprintf(uuid, sizeof uuid, "cuda-ordinal-%d", cudev);
         int idx = vgpu_device_register(uuid, phys_index(cudev, uuid));
+        if (idx < 0 && vgpu_region && vgpu_config_state() != VGPU_CONFIG_NONE) {
+            /* No entry for the card (the region's device table reads full - the file is the
+             * tenant's to write): an unknown device would go unaccounted and unlimited, so this
+             * process accounts against entry 0 with every limit at 0 instead. */
+            vgpu_region_fail_closed("no room for the card in its device table");
+            idx = 0;
+        }
         if (idx >= 0) __atomic_store_n(&rdev_map[cudev], idx + 1, __ATOMIC_RELEASE);
         v = idx + 1;
     }

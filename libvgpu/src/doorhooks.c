@@ -66,13 +66,27 @@ static void *vgpu_hook_for_real(void *real_fn) {
 }
 
 
-/* 1 when `fn` is defined in libcuda.so* or libnvidia-ml.so*. */
+/* 1 when `fn` lies in this library (whichever copy of it the loader bound the caller to is not
+ * asked: only this one's own functions). */
+static int in_self(void *fn) {
+    static Dl_info self;
+    Dl_info info;
+    if (!self.dli_fbase && !dladdr((void *)in_self, &self)) return 0;
+    return dladdr(fn, &info) && info.dli_fbase == self.dli_fbase;
+}
+
+/* 1 when `fn` is defined in a CUDA driver or NVML: libcuda.so* / libnvidia-ml.so* by file name,
+ * or any other object that defines cuInit or nvmlInit_v2 itself. A tenant's renamed copy of the
+ * driver (cp libcuda.so.1 /tmp/x.so; dlopen; dlsym) is a second driver that never passes through
+ * the hooks; a copy in a new namespace (dlmopen) is found by either rule. */
 static int from_driver(void *fn) {
     Dl_info info;
-    if (!dladdr(fn, &info) || !info.dli_fname) return 0;
+    struct link_map *lm = NULL;
+    if (!dladdr1(fn, &info, (void **)&lm, RTLD_DL_LINKMAP) || !info.dli_fname || in_self(fn)) return 0;
     const char *base = strrchr(info.dli_fname, '/');
     base = base ? base + 1 : info.dli_fname;
-    return !strncmp(base, "libcuda.so", 10) || !strncmp(base, "libnvidia-ml.so", 15);
+    if (!strncmp(base, "libcuda.so", 10) || !strncmp(base, "libnvidia-ml.so", 15)) return 1;
+    return vgpu_object_symbol(lm, "cuInit") || vgpu_object_symbol(lm, "nvmlInit_v2");
 }
 
 static void *lookup(void *handle, const char *name, const char *version) {
@@ -98,30 +112,60 @@ static void *next_after(void *caller, const char *name, const char *version) {
     return NULL;
 }
 
+static void *do_dlsym(void *handle, const char *name, void *caller);
+static void *do_dlvsym(void *handle, const char *name, const char *version, void *caller);
+static void *own_dlsym(void *handle, const char *name) { return do_dlsym(handle, name, __builtin_return_address(0)); }
+static void *own_dlvsym(void *handle, const char *name, const char *version) {
+    return do_dlvsym(handle, name, version, __builtin_return_address(0));
+}
+
+/* The C library's own lookup functions are doors too: dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"),
+ * dlsym of a second libc loaded with dlmopen, or glibc's private __libc_dlsym / _dl_sym (older
+ * glibc exports them as GLIBC_PRIVATE) hand out a lookup that finds libcuda's functions and never
+ * passes through ours. A lookup of one of them that lands outside this library gets ours instead:
+ * same leading parameters (_dl_sym's and _dl_vsym's trailing caller address is not needed, ours
+ * takes its own). */
+static void *own_lookup_fn(const char *name) {
+    if (!strcmp(name, "dlsym") || !strcmp(name, "__libc_dlsym") || !strcmp(name, "_dl_sym")) return (void *)own_dlsym;
+    if (!strcmp(name, "dlvsym") || !strcmp(name, "__libc_dlvsym") || !strcmp(name, "_dl_vsym"))
+        return (void *)own_dlvsym;
+    return NULL;
+}
+
 /* Our hook instead of the driver's own definition of a name we hook; anything else as found. */
 static void *swap_for_hook(void *r, const char *name) {
-    if (r && name && ((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4))) {
+    if (!r || !name) return r;
+    if ((name[0] == 'c' && name[1] == 'u') || !strncmp(name, "nvml", 4)) {
         void *hook = vgpu_hook_for(name);
         if (hook && hook != r && from_driver(r) && !vgpu_control_disabled()) return hook;
+    } else if (name[0] == 'd' || name[0] == '_') {
+        void *ours = own_lookup_fn(name);
+        if (ours && !in_self(r) && !vgpu_control_disabled()) return ours;
     }
     return r;
 }
 
-VGPU_EXPORT void *dlsym(void *handle, const char *name) {
+static void *do_dlsym(void *handle, const char *name, void *caller) {
     void *r;
-    if (handle == RTLD_NEXT) r = next_after(__builtin_return_address(0), name, NULL);
+    if (handle == RTLD_NEXT) r = next_after(caller, name, NULL);
     else r = vgpu_real_dlsym(handle, name);
     return swap_for_hook(r, name);
 }
+
+static void *do_dlvsym(void *handle, const char *name, const char *version, void *caller) {
+    void *r;
+    if (handle == RTLD_NEXT) r = next_after(caller, name, version);
+    else r = vgpu_real_dlvsym(handle, name, version);
+    return swap_for_hook(r, name);
+}
+
+VGPU_EXPORT void *dlsym(void *handle, const char *name) { return do_dlsym(handle, name, __builtin_return_address(0)); }
 
 /* Door B': the versioned lookup. The driver's entry points carry no symbol versions today, so
  * dlvsym(libcuda, "cuMemAlloc_v2", v) normally finds nothing; a driver that versions them one
  * day must not open a way around the hooks, so the same swap applies. */
 VGPU_EXPORT void *dlvsym(void *handle, const char *name, const char *version) {
-    void *r;
-    if (handle == RTLD_NEXT) r = next_after(__builtin_return_address(0), name, version);
-    else r = vgpu_real_dlvsym(handle, name, version);
-    return swap_for_hook(r, name);
+    return do_dlvsym(handle, name, version, __builtin_return_address(0));
 }
 
 /* ---- door C ---- */

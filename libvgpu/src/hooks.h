@@ -44,7 +44,7 @@
     X(cuModuleGetFunction) X(cuLibraryGetKernel) X(cuLibraryGetModule) X(cuKernelGetFunction) \
     X(cuImportExternalMemory) X(cuDestroyExternalMemory) \
     X(cuLibraryLoadData) X(cuLibraryLoadFromFile) X(cuLibraryUnload) \
-    X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
+    X(cuMemPoolCreate) X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuMemPoolDestroy) X(cuDeviceSetMemPool) \
     X(cuGraphUpload) X(cuGraphUpload_ptsz) X(cuDeviceGraphMemTrim) \
     X(cuGraphInstantiate) X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiateWithParams) \
     X(cuGraphInstantiateWithParams_ptsz) X(cuGraphExecDestroy) X(cuCtxSetLimit) \

@@ -377,8 +377,12 @@ static void on_release(int slot, int32_t pid, uint64_t start_time) {
     for (uint32_t i = 0; i < hwm(); i++) {
         entry_t *e = &tab->entries[i];
         if (!entry_ok(e)) continue;
-        for (int k = 0; k < SHARE_HOLDERS && e->state; k++)
-            if (is_me(&e->holders[k], &gone)) drop_holder(e, k);
+        for (int k = 0; k < SHARE_HOLDERS && e->state; k++) {
+            if (!is_me(&e->holders[k], &gone)) continue;
+            /* A charge moved to another holder leaves the gone slot: an exiting process keeps its
+             * other counters until it is reaped (region.c), so they are not zeroed for it. */
+            if (drop_holder(e, k) && e->state) vgpu_slot_uncharge(slot, e->rdev, e->bytes);
+        }
     }
     end();
 }

@@ -4,7 +4,8 @@
  *
  * NVML knows devices by handle; we match them to the shared region by UUID, so the answer
  * is right whatever CUDA_VISIBLE_DEVICES says. A device no CUDA process has registered yet
- * is registered here, its limit taken from CUDA_DEVICE_MEMORY_LIMIT_<NVML index>.
+ * is registered here, its limit taken from CUDA_DEVICE_MEMORY_LIMIT_<i>: the index the config file
+ * gives its UUID (LIBVGPU_DEVICE_UUID_<i>), else its NVML index.
  */
 #include "config.h"
 #include "log.h"
@@ -20,11 +21,15 @@ static int rdev_of_nvml(nvmlDevice_t dev) {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     if (!getuuid || getuuid(dev, uuid, sizeof uuid) != NVML_SUCCESS) return -1;
     if (vgpu_region_ensure() != 0) return -1;
-    int rdev = vgpu_device_find(uuid);
-    if (rdev >= 0) return rdev;
-    unsigned idx = 0;
-    if (!getindex || getindex(dev, &idx) != NVML_SUCCESS) return -1;
-    return vgpu_device_register(uuid, (int)idx);
+    int known = vgpu_device_find(uuid);
+    if (vgpu_device_resolved(known)) return known;
+    /* The container index: the config file's for this UUID where it lists the cards, else NVML's.
+     * Registering a device the region has already only records that index for this process's cap. */
+    int idx = vgpu_config_index_of_uuid(uuid);
+    if (idx == -1) idx = 99; /* not one of the container's cards: no limit entry, 0 bytes */
+    unsigned nidx = 0;
+    if (idx < 0 && (!getindex || getindex(dev, &nidx) != NVML_SUCCESS)) return known;
+    return vgpu_device_register(uuid, idx >= 0 ? idx : (int)nidx);
 }
 
 /* Returns 1 and the (total, used, free) view when the device has a limit. */

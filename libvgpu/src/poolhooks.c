@@ -1,13 +1,25 @@
 /*
- * poolhooks.c - the pool and graph-memory entry points that change what a pool or the graph
- * pool holds; the model lives in pools.c.
+ * poolhooks.c - the pool and graph-memory entry points that make a pool or change what a pool or
+ * the graph pool holds; the model lives in pools.c.
  */
 #include <cuda.h>
 #undef cuGraphUpload
 #include "config.h"
+#include "devmap.h"
 #include "graphmem.h"
 #include "pools.h"
 #include "real.h"
+
+/* A pool made on a device takes its memory there: remember which, so that an allocation from it
+ * made while another device's context is current is charged to the pool's device (charged to the
+ * caller's, a container with two cards could fill one card past its limit from the other's). */
+VGPU_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool *, const CUmemPoolProps *), cuMemPoolCreate, pool, props);
+    if (rc == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+        !vgpu_control_disabled())
+        vgpu_pool_created((uint64_t)(uintptr_t)*pool, vgpu_rdev_of_cuda(props->location.id));
+    return rc;
+}
 
 VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     CUresult rc = CALL_REAL(CUresult(*)(CUmemoryPool, size_t), cuMemPoolTrimTo, pool, keep);

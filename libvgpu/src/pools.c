@@ -16,7 +16,11 @@
  *          min(held, threshold)); cuMemPoolTrimTo(pool, keep): held = max(live, min(held, keep)).
  * A reuse within what the pool holds needs no new charge, as on the card. The model ignores the
  * pool's own rounding (it reserves in 2 MiB-or-larger chunks) and what the driver may release
- * without a synchronisation. Pools beyond POOL_MAX fall back to per-allocation charging.
+ * without a synchronisation. The table holds POOL_MAX pools at once (a destroyed pool's entry is
+ * reused once its last allocation is freed); an allocation from a pool beyond them is refused
+ * (CUDA_ERROR_OUT_OF_MEMORY, one error line). Charging those per allocation instead let a tenant
+ * that made enough pools keep every freed block in them uncharged: each pool retained the limit's
+ * worth while the counters said 0.
  *
  * Graph memory (memory-allocation nodes, cudaMallocAsync captured into a graph) lives in a
  * per-device graph pool that the driver reserves when a graph is uploaded or launched and
@@ -37,13 +41,14 @@
 #include "pools.h"
 #include "real.h"
 #include "region.h"
-#define POOL_MAX 64
+#define POOL_MAX 1024
 #define DEV_MAX MAX_ORD
 
 typedef struct {
     uint64_t handle;
     int rdev;
     uint64_t live, held, threshold;
+    int destroyed; /* cuMemPoolDestroy seen: the entry is freed with the last live allocation */
 } pool_t;
 
 static pool_t pools[POOL_MAX];
@@ -64,13 +69,27 @@ static void pools_after_fork(void) {
     atomic_store(&graph_next_sample_ns, 0);
 }
 
-/* Caller holds pool_mu. Index of `handle`, created when `rdev` >= 0; -1 if absent or full. */
-static int pool_index(uint64_t handle, int rdev) {
+/* Caller holds pool_mu. Index of `handle` (never 0); -1 if absent. */
+static int pool_find(uint64_t handle) {
     for (int i = 0; i < npools; i++)
         if (pools[i].handle == handle) return i;
-    if (rdev < 0 || npools >= POOL_MAX) return -1;
-    pools[npools] = (pool_t){handle, rdev, 0, 0, 0};
-    return npools++;
+    return -1;
+}
+
+/* Caller holds pool_mu. Index of `handle`, recorded (device `rdev`, -1 = learnt later) when new,
+ * in a freed entry or a new one; -1 when the table is full. */
+static int pool_record(uint64_t handle, int rdev) {
+    int i = pool_find(handle);
+    if (i >= 0) return i;
+    i = pool_find(0);
+    if (i < 0 && npools < POOL_MAX) i = npools++;
+    if (i >= 0) pools[i] = (pool_t){handle, rdev, 0, 0, 0, 0};
+    return i;
+}
+
+/* Caller holds pool_mu. A destroyed pool's entry is freed once nothing live refers to it. */
+static void maybe_forget(pool_t *p) {
+    if (p->destroyed && p->live == 0) memset(p, 0, sizeof *p);
 }
 
 uint64_t vgpu_device_pool(int cudev) {
@@ -84,17 +103,32 @@ uint64_t vgpu_device_pool(int cudev) {
     return (uint64_t)(uintptr_t)pool;
 }
 
+/* Caller holds pool_mu. */
+static void settle(pool_t *p, uint64_t keep) {
+    uint64_t target = keep < p->held ? keep : p->held;
+    if (target < p->live) target = p->live;
+    if (p->held > target) {
+        vgpu_unreserve(p->rdev, p->held - target);
+        p->held = target;
+    }
+}
+
 int vgpu_pool_charge(int rdev, uint64_t handle, uint64_t bytes, uint64_t *grown) {
     *grown = 0;
     if (!handle) return vgpu_reserve(rdev, bytes) == 0 ? -1 : -2;
     pthread_mutex_lock(&pool_mu);
-    int i = pool_index(handle, rdev);
+    int i = pool_record(handle, rdev);
     if (i < 0) {
         pthread_mutex_unlock(&pool_mu);
-        return vgpu_reserve(rdev, bytes) == 0 ? -1 : -2;
+        static int logged;
+        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+            VLOG(VLOG_ERROR, "more than %d memory pools in use: allocations from further pools are refused", POOL_MAX);
+        return -2;
     }
     pool_t *p = &pools[i];
     if (p->rdev < 0) p->rdev = rdev; /* first seen through cuMemPoolSetAttribute */
+    /* p->rdev is the pool's own device when cuMemPoolCreate told us (vgpu_pool_created): the driver
+     * takes the memory there, whichever device the calling context is on. */
     uint64_t live = p->live + bytes, grow = live > p->held ? live - p->held : 0;
     if (grow && vgpu_reserve(p->rdev, grow) != 0) {
         pthread_mutex_unlock(&pool_mu);
@@ -114,6 +148,7 @@ void vgpu_pool_undo(int idx, uint64_t bytes, uint64_t grown) {
     p->live = p->live >= bytes ? p->live - bytes : 0;
     p->held = p->held >= grown ? p->held - grown : 0;
     vgpu_unreserve(p->rdev, grown);
+    maybe_forget(p);
     pthread_mutex_unlock(&pool_mu);
 }
 
@@ -122,18 +157,10 @@ void vgpu_pool_freed(int idx, uint64_t bytes) {
     pthread_mutex_lock(&pool_mu);
     pool_t *p = &pools[idx];
     p->live = p->live >= bytes ? p->live - bytes : 0;
-    if (p->held > p->live && p->held - p->live > p->threshold) atomic_store(&pools_excess, 1);
+    if (p->destroyed) settle(p, 0); /* a destroyed pool keeps nothing beyond its live blocks */
+    else if (p->held > p->live && p->held - p->live > p->threshold) atomic_store(&pools_excess, 1);
+    maybe_forget(p);
     pthread_mutex_unlock(&pool_mu);
-}
-
-/* Caller holds pool_mu. */
-static void settle(pool_t *p, uint64_t keep) {
-    uint64_t target = keep < p->held ? keep : p->held;
-    if (target < p->live) target = p->live;
-    if (p->held > target) {
-        vgpu_unreserve(p->rdev, p->held - target);
-        p->held = target;
-    }
 }
 
 void vgpu_pools_synced(void) {
@@ -146,7 +173,7 @@ void vgpu_pools_synced(void) {
 
 void vgpu_pool_trimmed(uint64_t pool, uint64_t keep) {
     pthread_mutex_lock(&pool_mu);
-    int i = pool_index(pool, -1);
+    int i = pool ? pool_find(pool) : -1;
     if (i >= 0) settle(&pools[i], keep);
     pthread_mutex_unlock(&pool_mu);
 }
@@ -154,11 +181,7 @@ void vgpu_pool_trimmed(uint64_t pool, uint64_t keep) {
 void vgpu_pool_set_threshold(uint64_t pool, uint64_t threshold) {
     pthread_mutex_lock(&pool_mu);
     /* A pool we have not seen yet is recorded now; its device is learnt at the first allocation. */
-    int i = pool_index(pool, -1);
-    if (i < 0 && npools < POOL_MAX) {
-        pools[npools] = (pool_t){pool, -1, 0, 0, 0};
-        i = npools++;
-    }
+    int i = pool ? pool_record(pool, -1) : -1;
     if (i >= 0) pools[i].threshold = threshold;
     pthread_mutex_unlock(&pool_mu);
 }
@@ -167,14 +190,24 @@ void vgpu_pool_set_current(int cudev, uint64_t pool) {
     if (cudev >= 0 && cudev < DEV_MAX) __atomic_store_n(&current_pool[cudev], (void *)(uintptr_t)pool, __ATOMIC_RELEASE);
 }
 
+void vgpu_pool_created(uint64_t pool, int rdev) {
+    if (!pool || rdev < 0) return;
+    pthread_mutex_lock(&pool_mu);
+    int i = pool_record(pool, rdev);
+    if (i >= 0 && pools[i].live == 0 && pools[i].held == 0) pools[i].rdev = rdev;
+    pthread_mutex_unlock(&pool_mu);
+}
+
 /* A destroyed pool gives back what it held beyond its live allocations (which stay valid
  * until freed, and are still counted). */
 void vgpu_pool_destroyed(uint64_t pool) {
     pthread_mutex_lock(&pool_mu);
-    int i = pool_index(pool, -1);
+    int i = pool ? pool_find(pool) : -1;
     if (i >= 0) {
         settle(&pools[i], 0);
         pools[i].threshold = 0;
+        pools[i].destroyed = 1;
+        maybe_forget(&pools[i]);
     }
     pthread_mutex_unlock(&pool_mu);
 }

@@ -28,12 +28,9 @@ static uint32_t gnu_hash(const char *s) {
     return h;
 }
 
-/* Address of the defined dynamic symbol `name` in the object `info`, via its DT_GNU_HASH or
- * DT_HASH table; NULL when absent. */
-static void *elf_lookup(struct dl_phdr_info *info, const char *name) {
-    const ElfW(Dyn) *dyn = NULL;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+/* Address of the defined dynamic symbol `name` in the object loaded at `base` with dynamic
+ * section `dyn`, via its DT_GNU_HASH or DT_HASH table; NULL when absent. */
+static void *dyn_lookup(ElfW(Addr) base, const ElfW(Dyn) *dyn, const char *name) {
     if (!dyn) return NULL;
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
@@ -41,7 +38,7 @@ static void *elf_lookup(struct dl_phdr_info *info, const char *name) {
     for (; dyn->d_tag != DT_NULL; dyn++) {
         /* glibc's loader relocates these entries to absolute addresses; a few loaders do not */
         ElfW(Addr) p = dyn->d_un.d_ptr;
-        if (p && p < info->dlpi_addr) p += info->dlpi_addr;
+        if (p && p < base) p += base;
         if (dyn->d_tag == DT_SYMTAB) symtab = (const ElfW(Sym) *)p;
         else if (dyn->d_tag == DT_STRTAB) strtab = (const char *)p;
         else if (dyn->d_tag == DT_GNU_HASH) gnu = (const uint32_t *)p;
@@ -59,7 +56,7 @@ static void *elf_lookup(struct dl_phdr_info *info, const char *name) {
             uint32_t h2 = chain[idx - off];
             const ElfW(Sym) *s = &symtab[idx];
             if ((h | 1) == (h2 | 1) && s->st_shndx != SHN_UNDEF && s->st_value && !strcmp(strtab + s->st_name, name))
-                return (void *)(info->dlpi_addr + s->st_value);
+                return (void *)(base + s->st_value);
             if (h2 & 1) return NULL;
         }
     }
@@ -68,10 +65,21 @@ static void *elf_lookup(struct dl_phdr_info *info, const char *name) {
         for (uint32_t i = 0; i < n; i++) {
             const ElfW(Sym) *s = &symtab[i];
             if (s->st_shndx != SHN_UNDEF && s->st_value && !strcmp(strtab + s->st_name, name))
-                return (void *)(info->dlpi_addr + s->st_value);
+                return (void *)(base + s->st_value);
         }
     }
     return NULL;
+}
+
+static void *elf_lookup(struct dl_phdr_info *info, const char *name) {
+    const ElfW(Dyn) *dyn = NULL;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    return dyn_lookup(info->dlpi_addr, dyn, name);
+}
+
+void *vgpu_object_symbol(const struct link_map *lm, const char *name) {
+    return lm ? dyn_lookup(lm->l_addr, lm->l_ld, name) : NULL;
 }
 
 static int find_dl(struct dl_phdr_info *info, size_t size, void *arg) {

@@ -32,6 +32,10 @@ void vgpu_load_real_nvml(void);
 void *vgpu_real_dlsym(void *handle, const char *name);
 /* The real dlvsym. */
 void *vgpu_real_dlvsym(void *handle, const char *name, const char *version);
+/* The object's own definition of the dynamic symbol `name` (its hash table, no search scope, any
+ * namespace), or NULL. */
+struct link_map;
+void *vgpu_object_symbol(const struct link_map *lm, const char *name);
 void *vgpu_cuda_handle(void);
 void *vgpu_nvml_handle(void); /* NULL when libnvidia-ml.so.1 is absent */
 /* Real function of libcuda/libnvidia-ml by exact symbol name; NULL if absent. */

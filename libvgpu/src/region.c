@@ -9,7 +9,9 @@
  * processes racing for the last byte, at least one sees the other's addition, so both can
  * never pass. Dead processes are found with kill(pid, 0) plus /proc/<pid>/stat (zombie
  * state, start time against pid reuse) and their slots are zeroed by whoever notices,
- * at most every 500 ms on the hot path and always before an out-of-memory answer.
+ * at most every 500 ms on the hot path and always before an out-of-memory answer. A process
+ * that exits normally is reaped the same way, never by itself: it holds its memory until it is
+ * gone.
  */
 #include <stdatomic.h>
 #include <errno.h>
@@ -44,6 +46,10 @@ static pthread_once_t region_once = PTHREAD_ONCE_INIT;
  * limit is the container's, written by its first process, and the region file is the tenant's. */
 static uint64_t my_cap[VGPU_MAX_DEVICES];
 static _Atomic int my_cap_known[VGPU_MAX_DEVICES];
+/* The container index this process resolved for each region device (+1; 0 = none yet): the cap is
+ * read for it, not for the entry's phys_index, which a tenant can rewrite to a card with a larger
+ * limit. */
+static _Atomic int my_phys[VGPU_MAX_DEVICES];
 static pthread_mutex_t cap_mu = PTHREAD_MUTEX_INITIALIZER;
 /* Told about a slot just before it is zeroed (its process exited or died): ipcshare.c moves the
  * charges of shared allocations that slot carries to another holder. A pointer, not a call, so
@@ -99,8 +105,25 @@ static void init_header(vgpu_region_t *r) {
     __atomic_store_n(&r->magic, VGPU_REGION_MAGIC, __ATOMIC_RELEASE);
 }
 
+/* Where the config file rules, the region it names is the container's one budget: a process
+ * that cannot use it must not get a budget of its own. A tenant can make it unusable at will (the
+ * file is in its writable directory: garbage in it, a FIFO, a directory or a chmod 000 file in its
+ * place), and per-process accounting then gave every process of the container the whole limit. */
+static int region_closed;
+
+void vgpu_region_fail_closed(const char *why) {
+    if (!__atomic_exchange_n(&region_closed, 1, __ATOMIC_RELAXED))
+        VLOG(VLOG_ERROR, "shared region '%s': %s; the config file %s rules this container: device memory "
+             "limits fail closed (0 bytes)", region_path, why, vgpu_config_path());
+}
+
 static void use_private(const char *why, const char *path) {
-    VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); accounting is per process from now on", path, why);
+    region_closed = vgpu_config_state() == VGPU_CONFIG_OK;
+    if (region_closed)
+        VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); the config file %s names it as the container's: "
+             "device memory limits fail closed (0 bytes)", path, why, vgpu_config_path());
+    else
+        VLOG(VLOG_ERROR, "shared region '%s' unusable (%s); accounting is per process from now on", path, why);
     if (region_fd >= 0) close(region_fd);
     region_fd = -1;
     void *p = mmap(NULL, sizeof(vgpu_region_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -110,19 +133,20 @@ static void use_private(const char *why, const char *path) {
     region_key = (vgpu_now_ns() << 20) ^ (uint64_t)getpid() ^ 0x8000000000000000ull;
 }
 
+/* At exit the slot keeps its counters: the process still holds its device memory until the
+ * kernel tears it down, and code may run after this handler (exit handlers registered before
+ * ours, library destructors, other threads) with that memory - or block there for ever. Zeroing
+ * here let such a process keep its memory uncharged and the container allocate it again. The
+ * slot is reaped once the pid is gone (a zombie counts as gone): by the next process that claims
+ * a slot, before any out-of-memory answer, and on the query paths; clearing last_reap_ns lets the
+ * next sweep run at once instead of waiting out the 500 ms interval. */
 static void exit_handler(void) {
     vgpu_region_t *r = vgpu_region;
     if (!r || my_slot < 0 || my_pid != getpid()) return;
-    vgpu_slot_t *s = &r->slots[my_slot];
-    if (release_hook) release_hook(my_slot, my_pid, s->start_time);
-    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
-        atomic_store(&s->used[d], 0);
-        atomic_store(&s->data[d], 0);
-        atomic_store(&s->context[d], 0);
-        atomic_store(&s->module[d], 0);
-    }
-    atomic_store(&s->pid, 0);
-    my_slot = -1;
+    /* Shared allocations other live holders keep open move to one of them now (ipcshare.c takes
+     * them out of this slot); the memory this process holds alone stays charged here. */
+    if (release_hook) release_hook(my_slot, my_pid, r->slots[my_slot].start_time);
+    atomic_store(&r->last_reap_ns, 0);
 }
 
 static void open_region(void) {
@@ -226,6 +250,15 @@ void vgpu_slot_charge(int slot, int rdev, uint64_t bytes) {
     atomic_fetch_add(&s->data[rdev], bytes);
 }
 
+static void sub_clamped(_Atomic uint64_t *c, uint64_t bytes);
+
+void vgpu_slot_uncharge(int slot, int rdev, uint64_t bytes) {
+    if (!vgpu_region || slot < 0 || slot >= VGPU_MAX_SLOTS || rdev < 0 || rdev >= VGPU_MAX_DEVICES) return;
+    vgpu_slot_t *s = &vgpu_region->slots[slot];
+    sub_clamped(&s->used[rdev], bytes);
+    sub_clamped(&s->data[rdev], bytes);
+}
+
 void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
 
 int vgpu_reap_dead(int force) {
@@ -286,12 +319,16 @@ int vgpu_my_slot(void) {
     return my_slot;
 }
 
+int vgpu_device_resolved(int rdev) { return rdev >= 0 && rdev < VGPU_MAX_DEVICES && atomic_load(&my_phys[rdev]) > 0; }
+
 uint64_t vgpu_device_limit(int rdev) {
+    if (VGPU_UNLIKELY(region_closed)) return 0;
     vgpu_device_t *d = &vgpu_region->devices[rdev];
     if (VGPU_UNLIKELY(!atomic_load(&my_cap_known[rdev]))) {
         pthread_mutex_lock(&cap_mu);
         if (!atomic_load(&my_cap_known[rdev])) {
-            my_cap[rdev] = vgpu_mem_cap_for((int)d->phys_index);
+            int phys = atomic_load(&my_phys[rdev]);
+            my_cap[rdev] = vgpu_mem_cap_for(phys > 0 ? phys - 1 : (int)d->phys_index);
             atomic_store(&my_cap_known[rdev], 1);
         }
         pthread_mutex_unlock(&cap_mu);
@@ -315,6 +352,8 @@ int vgpu_device_register(const char *uuid, int phys) {
     int idx = vgpu_device_find(uuid);
     if (idx >= 0) {
         vgpu_device_t *d = &vgpu_region->devices[idx];
+        int none = 0;
+        if (phys >= 0) atomic_compare_exchange_strong(&my_phys[idx], &none, phys + 1);
         uint64_t mine = vgpu_mem_limit_for(phys);
         if (mine != d->limit_bytes && vgpu_config_state() == VGPU_CONFIG_NONE)
             VLOG(VLOG_WARN, "device %s: this process asks for limit %llu bytes, the region holds %llu; "
@@ -347,6 +386,8 @@ int vgpu_device_register(const char *uuid, int phys) {
         }
     }
     unlock_region();
+    int none = 0;
+    if (idx >= 0 && phys >= 0) atomic_compare_exchange_strong(&my_phys[idx], &none, phys + 1);
     return idx;
 }
 
@@ -367,9 +408,11 @@ uint64_t vgpu_device_usage(int rdev) {
     return sum_usage(r, rdev);
 }
 
-/* Adds `bytes` to this process's `used` and to the kind counter `kind` (data[] or module[]),
- * backing out when the container's sum passes the limit. 0 ok, -1 over the limit. */
-static int reserve_kind(int rdev, uint64_t bytes, int module) {
+enum { KIND_DATA, KIND_MODULE, KIND_CONTEXT };
+
+/* Adds `bytes` to this process's `used` and to the kind counter `kind` (data[], module[] or
+ * context[]), backing out when the container's sum passes the limit. 0 ok, -1 over the limit. */
+static int reserve_kind(int rdev, uint64_t bytes, int kind) {
     int slot = vgpu_my_slot();
     vgpu_region_t *r = vgpu_region;
     if (slot < 0 || rdev < 0) return -1;
@@ -380,7 +423,9 @@ static int reserve_kind(int rdev, uint64_t bytes, int module) {
     for (int attempt = 0; attempt < 4; attempt++) {
         atomic_fetch_add(&s->used[rdev], bytes);
         if (limit == VGPU_UNLIMITED || sum_usage(r, rdev) <= limit) {
-            atomic_fetch_add(module ? &s->module[rdev] : &s->data[rdev], bytes);
+            atomic_fetch_add(kind == KIND_MODULE ? &s->module[rdev] : kind == KIND_CONTEXT ? &s->context[rdev]
+                                                                                      : &s->data[rdev],
+                             bytes);
             return 0;
         }
         atomic_fetch_sub(&s->used[rdev], bytes);
@@ -395,8 +440,9 @@ static int reserve_kind(int rdev, uint64_t bytes, int module) {
     return -1;
 }
 
-int vgpu_reserve(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, 0); }
-int vgpu_reserve_module(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, 1); }
+int vgpu_reserve(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, KIND_DATA); }
+int vgpu_reserve_module(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, KIND_MODULE); }
+int vgpu_reserve_context(int rdev, uint64_t bytes) { return reserve_kind(rdev, bytes, KIND_CONTEXT); }
 
 uint64_t vgpu_my_usage(int rdev) {
     if (my_slot < 0 || rdev < 0 || !vgpu_region) return 0;
@@ -419,13 +465,6 @@ void vgpu_unreserve(int rdev, uint64_t bytes) {
     sub_clamped(&s->data[rdev], bytes);
 }
 
-void vgpu_charge_context(int rdev, uint64_t bytes) {
-    int slot = vgpu_my_slot();
-    if (slot < 0 || rdev < 0) return;
-    vgpu_slot_t *s = &vgpu_region->slots[slot];
-    atomic_fetch_add(&s->used[rdev], bytes);
-    atomic_fetch_add(&s->context[rdev], bytes);
-}
 
 void vgpu_charge_data(int rdev, uint64_t bytes) {
     int slot = vgpu_my_slot();

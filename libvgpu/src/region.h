@@ -18,6 +18,11 @@ int vgpu_my_slot(void);                /* claims one on first use; -1 on failure
 extern void (*vgpu_dead_slice_hook)(int rdev, uint64_t slice_start_ns);
 int vgpu_device_register(const char *uuid, int phys); /* region device index or -1 */
 int vgpu_device_find(const char *uuid);
+/* 1 when this process has resolved the container index of region device `rdev` (registered it). */
+int vgpu_device_resolved(int rdev);
+/* From now on every device memory limit of this process is 0 (one error line naming `why`): the
+ * region the config file names cannot account for a device. */
+void vgpu_region_fail_closed(const char *why);
 /* The limit this process enforces on region device `rdev`, bytes: the region's (the container's),
  * capped by this process's own ceiling (config.h: vgpu_mem_cap_for). VGPU_UNLIMITED = none. */
 uint64_t vgpu_device_limit(int rdev);
@@ -29,8 +34,9 @@ int vgpu_reserve_module(int rdev, uint64_t bytes);
 void vgpu_unreserve_module(int rdev, uint64_t bytes);
 /* Bytes this process holds on `rdev` (its own slot's used[]), 0 before it has a slot. */
 uint64_t vgpu_my_usage(int rdev);
-/* Context memory: charged without a limit check (the context exists already), kept apart. */
-void vgpu_charge_context(int rdev, uint64_t bytes);
+/* Context memory, kept apart in context[], limit checked: 0 ok, -1 over the limit (the caller
+ * then destroys the context it just made). */
+int vgpu_reserve_context(int rdev, uint64_t bytes);
 void vgpu_uncharge_context(int rdev, uint64_t bytes);
 /* Allocation memory that exists already (graph memory): into data[], without a limit check. */
 void vgpu_charge_data(int rdev, uint64_t bytes);
@@ -46,6 +52,8 @@ int32_t vgpu_slot_pid(int slot, uint64_t *start_time);
 /* Adds allocation bytes to another process's slot (a shared allocation's charge moving to it),
  * without a limit check: the memory exists already. */
 void vgpu_slot_charge(int slot, int rdev, uint64_t bytes);
+/* The reverse: takes `bytes` out of `slot`'s used[]/data[] (clamped at 0). */
+void vgpu_slot_uncharge(int slot, int rdev, uint64_t bytes);
 /* `fn` is called with a slot about to be zeroed (its process exits or was found dead), once. */
 void vgpu_region_on_release(void (*fn)(int slot, int32_t pid, uint64_t start_time));
 

@@ -137,12 +137,14 @@ class TestCreatedContexts:
         r = cli.run("init", "alloc", "16m", "ctxcreate", "0", "3", "ctxcreate", "0", "1", "meminfo", env=env)
         assert r.op(4) == meminfo(256 - 16 - 3 * 40)
 
-    def test_context_is_charged_without_a_limit_check(self, cli):
+    def test_context_over_the_limit_is_destroyed_and_oom_returned(self, cli):
         env = {**CTX, "CUDA_DEVICE_MEMORY_LIMIT": "64m"}
-        r = cli.run("init", "ctxcreate", "0", "4", "meminfo", "alloc", "1", env=env)
-        assert r.codes("ctxcreate") == [CUDA_SUCCESS]
-        assert r.op(2) == meminfo(0, 64)
-        assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
+        r = cli.run("init", "ctxcreate", "0", "4", "ctx", "0", "meminfo", "alloc", "24m", "calls", "cuCtxDestroy_v2",
+                    env=env)  # fmt: skip
+        assert r.codes("ctxcreate") == [CUDA_ERROR_OUT_OF_MEMORY]  # primary 40 + 40 > 64
+        assert r.op(3) == meminfo(24, 64)
+        assert r.codes("alloc") == [CUDA_SUCCESS]
+        assert r.op(5) == ["calls", "0", "1"]
 
 
 def test_region_reports_context_and_module_apart(cli):

@@ -14,6 +14,8 @@ from .conftest import (
     CUDA_SUCCESS,
     MIB,
 )
+from .test_config_file import config
+from .test_multiproc import wait_line
 
 LIMIT = {"CUDA_DEVICE_MEMORY_LIMIT": "64m", "FAKE_GPU_MIB": "1024"}
 
@@ -173,9 +175,18 @@ class TestContextCharge:
         assert r.op(7) == charged  # re-created
         assert r.op(9) == free  # reset
 
-    def test_context_above_the_limit_reads_zero_free_not_an_error(self, cli):
-        env = {**self.CTX, "CUDA_DEVICE_MEMORY_LIMIT": "200m"}
-        r = cli.run("init", "meminfo", "nvmlmem", "0", "alloc", "1", env=env)
-        assert r.op(1) == ["meminfo", "0", "0", str(200 * MIB)]  # core#200, HAMi#1370
-        assert r.op(2) == ["nvmlmem", "0", str(200 * MIB), str(300 * MIB), "0"]
+    def test_usage_above_the_limit_reads_zero_free_not_an_error(self, cli):
+        # A context that does not fit is refused now (test_tenant_doors.py); usage still passes a
+        # process's own limit when its environment lowers it below what its siblings hold.
+        cli.install(cli.tmp / "vgpu", config(cli.cache, limit="200m"))
+        holder = cli.popen("init", "alloc", "150m", "hold", env={"FAKE_GPU_MIB": "1024"})
+        try:
+            wait_line(holder, "hold")
+            r = cli.run("init", "meminfo", "nvmlmem", "0", "alloc", "1",
+                        env={"FAKE_GPU_MIB": "1024", "CUDA_DEVICE_MEMORY_LIMIT": "100m"})  # fmt: skip
+        finally:
+            holder.kill()
+            holder.wait()
+        assert r.op(1) == ["meminfo", "0", "0", str(100 * MIB)]  # core#200, HAMi#1370
+        assert r.op(2) == ["nvmlmem", "0", str(100 * MIB), str(150 * MIB), "0"]
         assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]

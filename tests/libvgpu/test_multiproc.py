@@ -101,8 +101,13 @@ def test_sigkill_at_random_instants_leaves_nothing_charged(cli):
         r = cli.run("init", "alloc", "8m", "meminfo", env=env, timeout=5)
         assert r.codes("alloc") == [CUDA_SUCCESS]
         assert r.op(2) == ["meminfo", "0", "0", str(8 * MIB)]
+    # A process stays charged until it is gone (not zeroed by its own exit handler): the next one
+    # reaps the last one's slot when it claims its own, and finds the whole limit free.
+    r = cli.run("init", "meminfo", env=env, timeout=5)
+    assert r.op(1) == ["meminfo", "0", str(8 * MIB), str(8 * MIB)]
     region = read_region(cli.cache)
-    assert all(s.pid == 0 and sum(s.used) == 0 for s in region.slots)
+    assert all(sum(s.used) == 0 for s in region.slots)
+    assert sum(1 for s in region.slots if s.pid) <= 1  # that last process's own slot
 
 
 def test_forked_child_has_its_own_slot_and_the_same_limit(cli):

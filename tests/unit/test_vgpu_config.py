@@ -132,3 +132,30 @@ def test_prepare_refuses_a_card_uuid_that_is_not_a_file_name(tmp_path):
     (tmp_path / "c").mkdir()
     with pytest.raises(vc.ConfigFileError, match="card UUID '../x' is not usable as a file name"):
         vc.prepare(tmp_path, tmp_path / "c", ENVS, ["../x"], {})
+
+
+def test_the_limiters_slice_length_is_the_files_not_the_tenants():
+    # libvgpu reads LIBVGPU_SM_SLICE_MS from the file alone (a slice of days never pauses); the
+    # plugin's reader knows the name too, so both agree on a file that carries it
+    assert vc.is_config_name("LIBVGPU_SM_SLICE_MS")
+    text = vc.render({"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/v/a.cache",
+                      "LIBVGPU_SM_SLICE_MS": "100"})  # fmt: skip
+    assert "LIBVGPU_SM_SLICE_MS=100" in text.splitlines()
+
+
+def test_the_cards_are_written_by_uuid_in_index_order():
+    # libvgpu finds CUDA_DEVICE_MEMORY_LIMIT_<i> of a card by LIBVGPU_DEVICE_UUID_<i>, not by an ordinal
+    # the tenant's CUDA_VISIBLE_DEVICES or the node's PCI order can shift
+    facts = vc.parse(vc.render(ENVS, uuids=["GPU-b", "GPU-a"]))
+    assert (facts["LIBVGPU_DEVICE_UUID_0"], facts["LIBVGPU_DEVICE_UUID_1"]) == ("GPU-b", "GPU-a")
+    assert "LIBVGPU_DEVICE_UUID_0" not in vc.parse(vc.render(ENVS))
+
+
+def test_prepare_lists_the_containers_cards(tmp_path):
+    envs = {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_MEMORY_LIMIT_1": "2000m",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/v/a.cache"}  # fmt: skip
+    cache = tmp_path / "ctr"
+    cache.mkdir()
+    vc.prepare(tmp_path, cache, envs, ["GPU-b", "GPU-a"], {})
+    facts = vc.parse((cache / "vgpu.config").read_text())
+    assert (facts["LIBVGPU_DEVICE_UUID_0"], facts["LIBVGPU_DEVICE_UUID_1"]) == ("GPU-b", "GPU-a")

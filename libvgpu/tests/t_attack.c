@@ -1,0 +1,127 @@
+/*
+ * t_attack.c - a hostile tenant for the libvgpu tests: each operation tries to get device memory
+ * past the limit through a door a program can open with the C library alone (no ELF parsing, no
+ * ioctls), and prints "<op> <CUresult>" (0 = the door is open). tests/libvgpu/test_tenant_doors.py
+ * asserts that every door stays shut.
+ *   init                      cuInit + device 0's primary context, as a normal program
+ *   alloc <bytes>             cuMemAlloc_v2 (the front door, for comparison)
+ *   libc_dlsym <ver> <bytes>  the C library's own dlsym, fetched with dlvsym(RTLD_DEFAULT, "dlsym", ver),
+ *                             asked for libcuda's cuMemAlloc_v2
+ *   libc_dlvsym <ver> <bytes> the same with dlvsym itself (fetched by dlsym)
+ *   nslibc_dlsym <bytes>      dlsym of a second C library loaded with dlmopen(LM_ID_NEWLM)
+ *   copy <path> <bytes>       a copy of libcuda.so.1 under another name: cuInit, primary context
+ *                             and cuMemAlloc_v2 of the copy, all looked up with dlsym
+ *   ns <bytes>                the same with libcuda.so.1 loaded into a new namespace (dlmopen)
+ *   pool_on <dev> <bytes>     cuMemPoolCreate on device <dev>, then cuMemAllocFromPoolAsync from it
+ *                             with the context of device 0 current (the driver takes the memory on
+ *                             <dev>); prints "pool_on <CUresult>"
+ *   deep <path> <bytes>       dlopen(<path>, RTLD_DEEPBIND) of a library linked against libcuda and
+ *                             calls its deep_alloc(bytes) (a cuMemAlloc_v2 of its own)
+ *   exit_hold                 registers an exit handler that outlives the library's: after
+ *                             "exit", the process keeps its memory and prints "held"
+ *   exit                      exit(0), running the exit handlers
+ *   hold                      prints "hold" and waits to be killed
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "testutil.h"
+
+#define OUT(...) do { printf(__VA_ARGS__); printf("\n"); fflush(stdout); } while (0)
+#define ARG(k) (i + (k) < argc ? argv[i + (k)] : "0")
+
+typedef void *(*dlsym_t)(void *, const char *);
+typedef void *(*dlvsym_t)(void *, const char *, const char *);
+typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
+
+static CUresult call_alloc(void *fn, uint64_t bytes) {
+    CUdeviceptr p;
+    return fn ? ((alloc_t)fn)(&p, bytes) : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The whole start-up of a program through one library handle, every entry point by dlsym. */
+static CUresult through(void *h, uint64_t bytes) {
+    if (!h) return CUDA_ERROR_NOT_FOUND;
+    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
+    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
+    CUresult (*setcur)(CUcontext) = (CUresult(*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
+    void *alloc = dlsym(h, "cuMemAlloc_v2");
+    if (!init || !retain || !setcur || !alloc) return CUDA_ERROR_NOT_FOUND;
+    CUcontext c;
+    CUresult r = init(0);
+    if (!r) r = retain(&c, 0);
+    if (!r) r = setcur(c);
+    return r ? r : call_alloc(alloc, bytes);
+}
+
+static void outlive(void) {
+    OUT("held 0");
+    for (;;) pause();
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *op = argv[i];
+        CUresult r = CUDA_SUCCESS;
+        if (!strcmp(op, "init")) {
+            CUcontext c;
+            r = cuInit(0);
+            if (!r) r = cuDevicePrimaryCtxRetain(&c, 0);
+            if (!r) r = cuCtxSetCurrent(c);
+            OUT("init %d", r);
+        } else if (!strcmp(op, "alloc")) {
+            OUT("alloc %d", call_alloc((void *)cuMemAlloc_v2, tu_size(ARG(1)))); i++;
+        } else if (!strcmp(op, "libc_dlsym") || !strcmp(op, "libc_dlvsym")) {
+            void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+            void *fn = NULL;
+            if (!strcmp(op, "libc_dlsym")) {
+                dlsym_t real = (dlsym_t)dlvsym(RTLD_DEFAULT, "dlsym", ARG(1));
+                fn = real && cuda ? real(cuda, "cuMemAlloc_v2") : NULL;
+            } else {
+                dlvsym_t real = (dlvsym_t)dlvsym(RTLD_DEFAULT, "dlvsym", ARG(1));
+                fn = real && cuda ? real(cuda, "cuMemAlloc_v2", "FAKE_CUDA_1") : NULL;
+            }
+            OUT("%s %d", op, call_alloc(fn, tu_size(ARG(2)))); i += 2;
+        } else if (!strcmp(op, "nslibc_dlsym")) {
+            void *cuda = dlopen("libcuda.so.1", RTLD_NOW);
+            void *libc = dlmopen(LM_ID_NEWLM, "libc.so.6", RTLD_NOW);
+            dlsym_t real = libc ? (dlsym_t)dlsym(libc, "dlsym") : NULL;
+            void *fn = real && cuda ? real(cuda, "cuMemAlloc_v2") : NULL;
+            OUT("nslibc_dlsym %d", call_alloc(fn, tu_size(ARG(1)))); i++;
+        } else if (!strcmp(op, "copy")) {
+            OUT("copy %d", through(dlopen(ARG(1), RTLD_NOW | RTLD_LOCAL), tu_size(ARG(2)))); i += 2;
+        } else if (!strcmp(op, "ns")) {
+            OUT("ns %d", through(dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW), tu_size(ARG(1)))); i++;
+        } else if (!strcmp(op, "pool_on")) {
+            CUmemPoolProps props;
+            memset(&props, 0, sizeof props);
+            props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = atoi(ARG(1));
+            CUmemoryPool pool = NULL;
+            CUdeviceptr p;
+            r = cuMemPoolCreate(&pool, &props);
+            if (!r) r = cuMemAllocFromPoolAsync(&p, tu_size(ARG(2)), pool, NULL);
+            OUT("pool_on %d", r); i += 2;
+        } else if (!strcmp(op, "deep")) {
+            void *h = dlopen(ARG(1), RTLD_NOW | RTLD_DEEPBIND);
+            CUresult (*fn)(size_t) = h ? (CUresult(*)(size_t))dlsym(h, "deep_alloc") : NULL;
+            OUT("deep %d", fn ? fn(tu_size(ARG(2))) : CUDA_ERROR_NOT_FOUND); i += 2;
+        } else if (!strcmp(op, "exit_hold")) {
+            atexit(outlive);
+            OUT("exit_hold 0");
+        } else if (!strcmp(op, "exit")) {
+            exit(0);
+        } else if (!strcmp(op, "hold")) {
+            OUT("hold 0");
+            for (;;) pause();
+        } else {
+            OUT("unknown-op %s", op);
+            return 2;
+        }
+    }
+    return 0;
+}
