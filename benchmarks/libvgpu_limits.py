@@ -9,7 +9,8 @@ when all are warm. Shares are throughput over that of one process alone without 
 time-sliced contexts get. Then: the controller alone at 10..90 % (mean absolute error after the
 first second, and the first step's latency), 15 chained 200 ms processes of one container at 20 %,
 launch overhead (launch_bench.cu, interleaved pairs), cuMemAlloc/cuMemFree pairs (alloc_bench.c),
-and 64 processes starting at once. Prints JSON lines (also to $OUT/limits.jsonl) and a summary.
+and 64 processes starting at once (each its own container), and a tenant beside a sparse neighbour
+(a tiny kernel every 50 ms). Prints JSON lines (also to $OUT/limits.jsonl) and a summary.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class Run:
             cmd = [sys.executable, str(TENANT), "--ready", str(sync / f"r{i}"), "--go", str(sync / "go"),
                    "--seconds", str(seconds or self.seconds), "--label", f"{label}.{i}", "--streams", str(sp.get("streams", 1)),
                    "--sparse-ms", str(sp.get("sparse_ms", 0))]  # fmt: skip
-            procs.append(subprocess.Popen(cmd, env=self.env(sp.get("sm"), cache, sp.get("lib", "ours")),
+            procs.append(subprocess.Popen(cmd, env={**self.env(sp.get("sm"), cache, sp.get("lib", "ours")), **sp.get("env", {})},
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
         deadline = time.monotonic() + 120
         while sum((sync / f"r{i}").exists() for i in range(len(specs))) < len(specs) and time.monotonic() < deadline:
@@ -134,8 +135,11 @@ def c_bench(cmd: list[str], env: dict) -> dict:
 
 
 def storm(probe: str, procs: int, env: dict, work: Path, tag: str) -> dict:
+    """`procs` processes start at once (cuInit to the first allocation), each a container of its own
+    (its own per-container region file)."""
     go = work / f"go.{tag}"
-    ps = [subprocess.Popen([probe, str(go)], env=env, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    ps = [subprocess.Popen([probe, str(go)], env={**env, "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(work / f"st.{tag}.{i}.cache")},
+                           stdout=subprocess.PIPE, text=True) for i in range(procs)]  # fmt: skip
     time.sleep(2.0)
     t_go = time.monotonic()
     go.touch()
@@ -157,21 +161,30 @@ def main() -> int:
     ap.add_argument("--old", default="", help="an earlier libvgpu.so: the chain is run with it too")
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--only", default="", help="comma list of parts: shares,shares2,accuracy,chain,overhead,start")
+    ap.add_argument("--only", default="", help="comma list of parts: sparse,shares,shares2,accuracy,chain,overhead,start")
+    ap.add_argument("--launches", type=int, default=200000, help="empty kernels per launch_bench run")
+    ap.add_argument("--launch-libs", default="none,ours,hami", help="which libraries the launch pairs interleave")
+    ap.add_argument("--storm-runs", type=int, default=2, help="64-process start-ups per library")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     lib = str(Path(a.lib).resolve())
-    parts = set(a.only.split(",")) if a.only else {"shares", "accuracy", "chain", "overhead", "start"}
+    parts = set(a.only.split(",")) if a.only else {"sparse", "shares", "accuracy", "chain", "overhead", "start"}
     summary = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         r = Run(lib, work, a.seconds)
-        base = r.group("alone-none", [{"lib": "none"}])[0]["tflops"]
-        summary["alone_none_tflops"] = base
+        base = 0.0
+        if parts & {"shares", "shares2", "sparse", "accuracy", "chain"}:
+            base = r.group("alone-none", [{"lib": "none"}])[0]["tflops"]
+            summary["alone_none_tflops"] = base
 
         def share(rec):
             return round(100 * rec.get("tflops", 0) / base, 1)
 
+        if "sparse" in parts:  # a limited tenant beside a tiny kernel every 50 ms (itself at 50 %)
+            for sm in (50, 25):
+                x = r.group(f"{sm}-beside-sparse", [{"sm": sm}, {"sm": 50, "sparse_ms": 50}])
+                summary[f"{sm}_beside_sparse"] = [share(v) for v in x]
         if "shares" in parts:
             ref = r.group("pair-none", [{"lib": "none"}, {"lib": "none"}])
             summary["unlimited_pair"] = [share(x) for x in ref]
@@ -183,10 +196,11 @@ def main() -> int:
             summary["4x25"] = [share(v) for v in x]
             x = r.group("50-4streams-vs-50-1stream", [{"sm": 50, "streams": 4}, {"sm": 50}])
             summary["50_4streams_vs_1stream"] = [share(v) for v in x]
-            x = r.group("2x50", [{"sm": 50}, {"sm": 50}])
-            summary["2x50"] = [share(v) for v in x]
-            x = r.group("50-beside-sparse", [{"sm": 50}, {"sm": 50, "sparse_ms": 50}])
-            summary["50_beside_sparse"] = share(x[0])
+        if "unlimited_pair" in summary:  # shares of what two time-sliced contexts get together
+            pair = sum(summary["unlimited_pair"])
+            for key in ("25_75", "50_4streams_vs_1stream", "4x25", "50_beside_unlimited"):
+                if key in summary:
+                    summary[f"{key}_of_pair_total"] = [round(100 * v / pair, 1) for v in summary[key]]
         if "shares2" in parts:  # a second sample of the groups nearest their bounds
             for label, specs, key in (("25-75-b", [{"sm": 25}, {"sm": 75}], "25_75_b"),
                                       ("50-4streams-vs-50-1stream-b", [{"sm": 50, "streams": 4}, {"sm": 50}], "50_4streams_vs_1stream_b"),
@@ -218,15 +232,16 @@ def main() -> int:
             libs = {"none": None, "ours": lib}
             if a.hami:
                 libs["hami"] = str(Path(a.hami).resolve())
-            launch = {k: [] for k in libs}
+            launch_libs = {k: v for k, v in libs.items() if k in a.launch_libs.split(",")}
+            launch = {k: [] for k in launch_libs}
             for i in range(a.pairs):
-                for name, so in libs.items():
+                for name, so in launch_libs.items():
                     env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / f"lb.{name}.cache"))
                     if so:
                         env["LD_PRELOAD"] = so
-                    rec = emit({"bench": "launch", "lib": name, "pair": i, **c_bench([str(work / "lb"), "200000"], env)})
+                    rec = emit({"bench": "launch", "lib": name, "pair": i, **c_bench([str(work / "lb"), str(a.launches)], env)})
                     launch[name].append(rec.get("launch_ns"))
-            for name in libs:
+            for name in launch_libs:
                 if name != "none" and all(launch[name]) and all(launch["none"]):
                     d = [x - y for x, y in zip(launch[name], launch["none"], strict=True)]
                     summary[f"launch_{name}_minus_none_median_ns"] = round(statistics.median(d), 1)
@@ -234,20 +249,27 @@ def main() -> int:
             alloc = {k: [] for k in libs}
             for i in range(3):
                 for name, so in libs.items():
+                    # both spellings of the limit, so HAMi-core's is in force too (total_mib shows it: 8000)
                     env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / f"ab.{name}.{i}.cache"),
-                               CUDA_DEVICE_MEMORY_LIMIT="8000m")  # fmt: skip
+                               CUDA_DEVICE_MEMORY_LIMIT="8000m", CUDA_DEVICE_MEMORY_LIMIT_0="8000m")  # fmt: skip
                     if so:
                         env["LD_PRELOAD"] = so
                     rec = emit({"bench": "alloc", "lib": name, "run": i, **c_bench([str(work / "ab"), "20000"], env)})
                     alloc[name].append(rec.get("alloc_free_ns"))
+                    summary.setdefault("alloc_total_mib_seen", {})[name] = rec.get("total_mib")
             summary["alloc_free_median_ns"] = {k: round(statistics.median([x for x in v if x]), 1) for k, v in alloc.items() if any(v)}
+            if "hami" in libs:  # HAMi-core's own log of one short run: does it apply the limit?
+                env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / "ab.hami.log.cache"), LIBCUDA_LOG_LEVEL="4",
+                           CUDA_DEVICE_MEMORY_LIMIT="8000m", CUDA_DEVICE_MEMORY_LIMIT_0="8000m", LD_PRELOAD=libs["hami"])  # fmt: skip
+                p = subprocess.run([str(work / "ab"), "200"], env=env, capture_output=True, text=True, timeout=60)
+                (OUT / "hami_alloc_log.txt").write_text(p.stdout + p.stderr[-6000:])
         if "start" in parts:
             cuda = os.environ.get("CUDA_HOME", "/usr/local/cuda")
             probe = work / "sp"
             subprocess.run(["cc", "-O2", str(HERE / "libvgpu_start_probe.c"), f"-I{cuda}/include",
                             f"-L{cuda}/lib64/stubs", f"-L{cuda}/lib64", "-lcuda", "-o", str(probe)], check=True)  # fmt: skip
             st = {}
-            for i in range(2):
+            for i in range(a.storm_runs):
                 for name in ("none", "ours"):
                     env = dict(os.environ, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(work / f"st.{name}.{i}.cache"),
                                CUDA_DEVICE_MEMORY_LIMIT="60000m")  # 64 contexts of ~520 MiB fit  # fmt: skip

@@ -643,7 +643,21 @@ static void advance(fake_engine_t *e, uint64_t now) {
     }
 }
 
-static void enqueue(void) {
+/* Streams: a process's kernels run in launch order whatever their stream (each kernel fills the
+ * card, as the benchmarks' matmuls do), but each stream is complete when its own last kernel is:
+ * cuStreamQuery and cuStreamSynchronize on a stream answer for that stream alone, on the NULL
+ * stream (or one never launched on) for all of the process's work. */
+#define FAKE_MAX_STREAMS 16
+static struct { uintptr_t s; uint64_t finish; } stream_tag[FAKE_MAX_DEV][FAKE_MAX_STREAMS];
+static int stream_slot(int phys, uintptr_t s, int add) {
+    if (!s || s == 0x1 || s == 0x2) return -1; /* NULL, legacy, per-thread: the whole process */
+    for (int i = 0; i < FAKE_MAX_STREAMS; i++)
+        if (stream_tag[phys][i].s == s) return i;
+    for (int i = 0; i < FAKE_MAX_STREAMS && add; i++)
+        if (!stream_tag[phys][i].s) { stream_tag[phys][i].s = s; return i; }
+    return -1;
+}
+static void enqueue_on(CUstream stream) {
     const char *s = getenv("FAKE_KERNEL_US");
     uint64_t d = s ? strtoull(s, NULL, 10) * 1000 : 0;
     if (!d || cur_dev < 0) return;
@@ -666,9 +680,12 @@ static void enqueue(void) {
     fake_ctxq_t *q = &e->q[slot];
     q->finish = (q->finish > e->vt ? q->finish : e->vt) + d;
     my_finish[phys] = q->finish;
+    int k = stream_slot(phys, (uintptr_t)stream, 1);
+    if (k >= 0) stream_tag[phys][k].finish = q->finish;
     engine_unlock(e);
     atomic_fetch_add(&busy_total, d);
 }
+static void enqueue(void) { enqueue_on(NULL); }
 EXPORT uint64_t fake_busy_ns(void) { return atomic_load(&busy_total); }
 /* Wall time this process has had work queued, summed over the cards, ns: the time in which it
  * fed the card (its busy time is the card's time it got meanwhile). */
@@ -689,13 +706,13 @@ EXPORT uint64_t fake_queued_ns(void) {
 
 /* Sleeps until this process's kernels on card `phys` are done: until the time they would finish
  * with the work queued now, again if others queued more meanwhile (which can only delay it). */
-static void drain(int phys) {
+static void drain_to(int phys, uint64_t target) {
     fake_engine_t *e = &fake_phys()->engine[phys];
     for (;;) {
         engine_lock(e);
         uint64_t now = now_ns();
         advance(e, now);
-        uint64_t target = my_finish[phys], v = e->vt, at = e->last;
+        uint64_t v = e->vt, at = e->last;
         if (v >= target) { engine_unlock(e); return; }
         for (;;) {
             uint64_t next;
@@ -711,24 +728,37 @@ static void drain(int phys) {
         }
     }
 }
+static void drain(int phys) { drain_to(phys, my_finish[phys]); }
 EXPORT CUresult cuCtxSynchronize(void) {
     COUNT(); NEED_INIT();
     for (int p = 0; p < FAKE_MAX_DEV; p++)
         if (my_finish[p]) drain(p);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamSynchronize(CUstream s) { COUNT(); NEED_INIT(); return cuCtxSynchronize(); }
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    COUNT(); NEED_INIT();
+    for (int p = 0; p < FAKE_MAX_DEV; p++) {
+        if (!my_finish[p]) continue;
+        int k = stream_slot(p, (uintptr_t)s, 0);
+        if (k < 0 && s && s != (CUstream)0x1 && s != (CUstream)0x2) continue; /* nothing launched on it here */
+        drain_to(p, k >= 0 ? stream_tag[p][k].finish : my_finish[p]);
+    }
+    return CUDA_SUCCESS;
+}
 /* ---- compute limiter's idle watcher (smqueue.c): stream queries, capture mode ----
- * cuStreamQuery answers for all of this process's work on its cards (the fake has one queue per
- * process, whatever the stream). */
+ * cuStreamQuery answers for the stream's own last kernel (for the NULL stream: all of this
+ * process's work on its cards). */
 EXPORT CUresult cuStreamQuery(CUstream s) {
     COUNT(); NEED_INIT();
     for (int p = 0; p < FAKE_MAX_DEV; p++) {
         if (!my_finish[p]) continue;
         fake_engine_t *e = &fake_phys()->engine[p];
+        int k = stream_slot(p, (uintptr_t)s, 0);
+        if (k < 0 && s && s != (CUstream)0x1 && s != (CUstream)0x2) continue; /* nothing launched on it here */
+        uint64_t target = k >= 0 ? stream_tag[p][k].finish : my_finish[p];
         engine_lock(e);
         advance(e, now_ns());
-        int busy = e->vt < my_finish[p];
+        int busy = e->vt < target;
         engine_unlock(e);
         if (busy) return CUDA_ERROR_NOT_READY;
     }
@@ -737,7 +767,7 @@ EXPORT CUresult cuStreamQuery(CUstream s) {
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) { COUNT(); *m = CU_STREAM_CAPTURE_MODE_GLOBAL; return CUDA_SUCCESS; }
 /* ---- end of the idle watcher's section ---- */
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
-EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue_on(s); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }

@@ -55,6 +55,7 @@ enum { K_PTR, K_PTR1, K_ASYNC, K_ARRAY, K_MIPMAP, K_VMM, K_CTX, K_MODULE, K_LIBR
        K_VMAP, K_GRAPH, K_EXEC, K_STREAM };
 static struct { int kind; uint64_t v, size; } ids[4096];
 static int nids;
+static CUstream cli_streams[8];
 static int add_id(int kind, uint64_t v) { ids[nids].kind = kind; ids[nids].v = v; ids[nids].size = 0; return nids++; }
 static int escape_op(int argc, char **argv, int *pi); /* cli_escapes.inc.c */
 
@@ -263,6 +264,19 @@ int main(int argc, char **argv) {
             OUT("sync %d", cuCtxSynchronize());
         } else if (!strcmp(op, "streamsync")) {
             OUT("streamsync %d", cuStreamSynchronize(NULL));
+        } else if (!strcmp(op, "streams")) { /* streams <k>: creates streams 0..k-1 (at most 8) */
+            int k = atoi(ARG(1)); i++;
+            r = CUDA_SUCCESS;
+            for (int j = 0; j < k && j < 8 && !r; j++) r = cuStreamCreate(&cli_streams[j], 0);
+            OUT("streams %d", r);
+        } else if (!strcmp(op, "slaunch")) { /* slaunch <stream> <n>: n kernels on one of them */
+            int j = atoi(ARG(1)) & 7, n = atoi(ARG(2)); i += 2;
+            r = CUDA_SUCCESS;
+            for (int k = 0; k < n && !r; k++) r = cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, cli_streams[j], NULL, NULL);
+            OUT("slaunch %d", r);
+        } else if (!strcmp(op, "ssync")) { /* ssync <stream> */
+            int j = atoi(ARG(1)) & 7; i++;
+            OUT("ssync %d", cuStreamSynchronize(cli_streams[j]));
         } else if (!strcmp(op, "poolcreate")) {
             /* poolcreate: a new pool on device 0; "setpool <id>" makes it the device's current pool */
             CUmemPoolProps props = {0};

@@ -20,6 +20,7 @@ time each tenant had work on the card or was held back by its limiter (`fed_shar
 from __future__ import annotations
 
 import struct
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -229,3 +230,95 @@ def test_a_tenant_without_a_limit_publishes_its_queued_work(cli, card_dir):
         for p in (free, lim):
             p.kill()
             p.wait()
+
+
+def card_model(cli, card_dir, scenario):
+    """{tenant: (fair ns, wall ns, got ns)}: what t_cardmodel's tenants A and B were charged over a
+    scripted clock (vgpu_card_take's fair and wall) and the card time a modelled time-sliced card
+    gave their work (libvgpu/tests/t_cardmodel.c): the fair clock's arithmetic, exact, no timing."""
+    (card_dir / "GPU-model.card").touch()
+    p = subprocess.run([str(cli.build / "tests" / "t_cardmodel"), str(card_dir), scenario], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = {}
+    for line in p.stdout.splitlines():
+        who, _, fair, _, wall, _, got = line.split()
+        out[who] = (int(fair), int(wall), int(got))
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="open: the fair clock counts a sparse neighbour's whole queued interval as "
+                   "sharing the card (H200: 59 % at a 50 % limit; docs/benchmarks.md run 14)")
+def test_a_tenant_beside_a_sparse_neighbour_is_charged_the_card_time_it_got(cli, card_dir):
+    # A time-sliced card runs a tiny kernel queued beside a busy tenant only after the tenant's
+    # time slice (30 ms in the model): the neighbour's work stays queued up to 30 ms and takes
+    # 0.1 ms of it. The clock counts both as sharing the card all that time, so the busy tenant
+    # (250 ms of work, 250 ms without, as at 50 %) charges itself 0.905 of its queued time while
+    # it gets the whole card. A hand-back of the neighbour's overcharge met this (0.989) but failed
+    # the busy-neighbour guarantee on the H200, so it is not in the library; this marks the gap.
+    fair, wall, got = card_model(cli, card_dir, "sparse")["A"]
+    assert got / wall >= 0.99, (got, wall)  # the model: A had the card to itself
+    assert 0.97 <= fair / wall <= 1.0, fair / wall  # now: 0.905
+
+
+def test_a_busy_neighbour_halves_the_charge(cli, card_dir):
+    # The 50-beside-unlimited guarantee's arithmetic: a neighbour with steps back to back takes
+    # every other 30 ms slice, and the tenant is charged about the half it got.
+    got = card_model(cli, card_dir, "heavy")
+    fair, wall, card = got["A"]
+    assert 0.45 <= card / wall <= 0.55, (card, wall)
+    assert 0.48 <= fair / wall <= 0.53, fair / wall  # a per-interval hand-back of waited-out time: 0.57
+    fair_b, wall_b, _ = got["B"]
+    assert 0.70 <= fair_b / wall_b <= 0.80, fair_b / wall_b  # half while A works, whole while it rests
+
+
+def open_of(card_dir, sm):
+    return read_card(card_dir)[1][sm][0]
+
+
+def wait_open(card_dir, sm, want, seconds=4.0):
+    deadline = time.monotonic() + seconds
+    while open_of(card_dir, sm) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return open_of(card_dir, sm)
+
+
+def test_one_stream_of_four_synchronised_leaves_the_tenant_sharing_the_card(cli, card_dir):
+    # The 4-stream tenant of the H200 benchmark synchronises each of its streams in turn. A stream
+    # synchronisation says nothing about the other streams' work, so while one of them still has
+    # kernels queued the tenant keeps counting as sharing the card (the fake's streams complete
+    # one by one: their kernels run in launch order, 0.5 s each; stream 3 has 8 of them). After
+    # the last stream the idle watcher finds all four complete.
+    go = cli.tmp / "go"
+    env = {**tenant_env(cli, card_dir, "four", 50), "FAKE_KERNEL_US": "500000"}
+    ops = ["init", "streams", "4", "slaunch", "0", "1", "slaunch", "1", "1", "slaunch", "2", "1", "slaunch", "3", "8",
+           "ssync", "0", "ssync", "1", "ssync", "2", "waitfile", str(go), "ssync", "3", "sleep", "5000"]  # fmt: skip
+    p = cli.popen(*ops, env=env)
+    try:
+        for _ in range(3):
+            assert wait_line(p, "ssync").split() == ["ssync", "0"]
+        wait_line(p, "waiting")
+        active, entries = read_card(card_dir)
+        assert entries[50][0] == 1 and active == 1, (active, entries)  # stream 3: 3.5 s of work left
+        go.touch()
+        assert wait_line(p, "ssync").split() == ["ssync", "0"]
+        assert wait_open(card_dir, 50, 0) == 0, read_card(card_dir)
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_the_only_stream_synchronised_ends_the_queued_work_at_once(cli, card_dir):
+    # The 1-stream tenant of the same benchmark: its synchronisation covers all it launched.
+    go = cli.tmp / "go"
+    env = {**tenant_env(cli, card_dir, "one", 50), "FAKE_KERNEL_US": "200000"}
+    p = cli.popen("init", "streams", "1", "slaunch", "0", "4", "ssync", "0", "waitfile", str(go), env=env)
+    try:
+        assert wait_line(p, "ssync").split() == ["ssync", "0"]
+        wait_line(p, "waiting")
+        active, entries = read_card(card_dir)
+        assert entries[50][0] == 0 and active == 0, (active, entries)
+        go.touch()
+    finally:
+        p.kill()
+        p.wait()
