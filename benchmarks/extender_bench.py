@@ -57,7 +57,8 @@ from hami.config import DeviceConfig  # noqa: E402
 from hami.simulate.openb import load_nodes, load_pods  # noqa: E402
 from kubefakes.apiserver import FakeApiServer  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"
+# The trace beside the checkout, or where HAMI_TRACE_DIR names it (a second checkout elsewhere).
+DATA = Path(os.environ.get("HAMI_TRACE_DIR", ROOT.parent / "shared" / "data" / "alibaba-gpu-v2023"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -129,7 +130,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_extender(kubeconfig: str, port: int, profile: str | None, extra: list[str]) -> subprocess.Popen:
+def start_extender(
+    kubeconfig: str, port: int, profile: str | None, extra: list[str], root: Path = ROOT
+) -> subprocess.Popen:
+    """The extender of the checkout at `root` (another checkout's code under this load driver: A/B runs)."""
     cmd = [sys.executable]
     if profile:
         # yappi (pip install yappi) sees every thread; cProfile would only see the idle event loop.
@@ -144,7 +148,8 @@ def start_extender(kubeconfig: str, port: int, profile: str | None, extra: list[
         cmd += ["-m", "scheduler_extender"]
     cmd += [ "--kubeconfig", kubeconfig, "--address", "127.0.0.1", "--port", str(port),
             "--register-interval", "0", "--log-level", "WARNING", *extra]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.Popen(cmd, cwd=root, env=env)
 
 
 class Driver:
@@ -391,6 +396,25 @@ def breakdown(candidates: int) -> None:
                 for i in range(500):
                     fn(i)
                 print(f"{label:40s} {1000 * (time.process_time() - t0) / 500:.2f} ms client CPU per call")
+            # The same calls as the extender now sends them: coroutines on the event loop (aiohttp).
+            acalls = {
+                "patch node, coroutine": lambda i: client.apatch_node_annotations("n1", {"y": str(i)}),
+                "patch pod, coroutine": lambda i: client.apatch_pod_metadata(
+                    "default", "p", annotations={"x": str(i)}, uid=uid
+                ),
+                "create event, coroutine": lambda i: client.acreate_event(pod, reason="R", message=f"a{i}"),
+            }
+
+            async def run_async() -> None:
+                for label, fn in acalls.items():
+                    await fn(-1)  # the session and its connection open outside the measurement
+                    t0 = time.process_time()
+                    for i in range(500):
+                        await fn(i)
+                    print(f"{label:40s} {1000 * (time.process_time() - t0) / 500:.2f} ms client CPU per call")
+                await client.aclose()
+
+            asyncio.run(run_async())
             client.close()
         finally:
             server.terminate()
@@ -404,13 +428,20 @@ async def main_async(args: argparse.Namespace) -> None:
     pods = trace_pods(args.warmup + args.pods)
     print(f"seeded {len(nodes)} nodes, {sum(1 for _ in nodes)} registered, in {time.perf_counter() - t0:.1f}s; "
           f"{len(pods)} trace pods")  # fmt: skip
+    if args.driver_switch_interval:
+        # This process runs the in-memory API server's thread beside the load driver's loop: each waits
+        # up to the interpreter's switch interval (5 ms) for the other's GIL, which a Go kube-apiserver
+        # and kube-scheduler never do. It changes nothing in the extender.
+        sys.setswitchinterval(args.driver_switch_interval)
     if args.driver_gc_freeze:
         # The in-process API server keeps every pod and a long watch history: a full collection of this
         # process (the load driver + API server, not the extender) stalls every request for ~150 ms.
         gc.freeze()
         gc.set_threshold(100_000, 50, 100)
     port = free_port()
-    proc = start_extender(str(api.kubeconfig_path), port, args.profile, args.extender_args.split())
+    root = Path(args.extender_root).resolve() if args.extender_root else ROOT
+    proc = start_extender(str(api.kubeconfig_path), port, args.profile, args.extender_args.split(), root)
+    print(f"extender code: {root}, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     url = f"http://127.0.0.1:{port}"
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
@@ -472,6 +503,7 @@ async def main_async(args: argparse.Namespace) -> None:
                 fo = await driver.filter_only(extra)
                 print(f"filter only (no concurrent binds), {len(fo)} sequential filters, ms: p50 {pct(fo, 50):.2f}  "
                       f"p90 {pct(fo, 90):.2f}  p99 {pct(fo, 99):.2f}  max {max(fo):.2f}")  # fmt: skip
+        print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -495,7 +527,11 @@ def main() -> None:
                    help="offer pods at this steady rate per second instead of a closed scheduling loop")  # fmt: skip
     p.add_argument("--driver-gc-freeze", action="store_true",
                    help="freeze and thin out garbage collection in this process (load driver + API server)")  # fmt: skip
+    p.add_argument("--driver-switch-interval", type=float, default=0.0,
+                   help="sys.setswitchinterval() of this process (API server + load driver), e.g. 0.0005")  # fmt: skip
     p.add_argument("--extender-args", default="", help="extra extender flags, e.g. '--events failures'")
+    p.add_argument("--extender-root", help="run the extender of this checkout (default: this one), "
+                   "for side-by-side runs of two versions under the same load driver")
     p.add_argument("--profile", help="profile every extender thread with yappi (CPU clock), pstat file")
     p.add_argument("--breakdown", action="store_true", help="only measure the CPU cost of each part, alone")
     args = p.parse_args()

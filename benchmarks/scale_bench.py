@@ -16,6 +16,12 @@ recorded in docs/benchmarks.md with the machine load.
 
     python benchmarks/scale_bench.py [--nodes 10000] [--cards 8] [--fill 70] [--samples 2000]
         [--candidates 500] [--policy binpack|spread|fragmentation] [--seed 1] [--profile]
+        [--save-fleet fleet.pkl]
+    python benchmarks/scale_bench.py --rebuild-only fleet.pkl [--repeat 3]
+
+`--save-fleet` writes the filled fleet's Node and Pod objects (pickle) after the fill; `--rebuild-only`
+times `ClusterState.rebuild` from such a file, so two versions of the core can be compared side by
+side on the same objects without filling twice.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import gc
 import io
 import math
 import os
+import pickle
 import platform
 import pstats
 import random
@@ -88,6 +95,20 @@ def make_pod(i: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
+def memory() -> str:
+    """This process's resident memory now and at its peak (Linux ``/proc/self/status``), in MiB."""
+    fields = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(value.split()[0]) / 1024
+    except OSError:
+        return "memory: not available on this system"
+    return f"memory: resident {fields.get('VmRSS', 0):.0f} MiB, peak {fields.get('VmHWM', 0):.0f} MiB"
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] * 1000
@@ -147,9 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--gc-freeze",
         action="store_true",
-        help="gc.freeze() after the fill, as the extender's GC freezer does (the simulator does not)",
+        help="gc.freeze() after the fill and after the rebuild, as the extender's GC freezer does "
+        "(the simulator does not)",
     )
+    ap.add_argument("--save-fleet", help="write the filled fleet (nodes, placed pods) to this pickle file")
+    ap.add_argument("--rebuild-only", help="only time rebuilds from a fleet written by --save-fleet")
+    ap.add_argument("--repeat", type=int, default=3, help="rebuilds with --rebuild-only (default 3)")
     a = ap.parse_args(argv)
+    if a.rebuild_only:
+        return rebuild_only(a.rebuild_only, a.repeat, freeze=a.gc_freeze)
     rng = random.Random(a.seed)
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -163,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cluster: {a.nodes} nodes x {a.cards} cards = {a.nodes * a.cards} GPUs ({time.perf_counter() - t0:.1f} s to build)"
     )
+    print(f"  {memory()}")
 
     # Fill: filter against a random window of candidates (cheap), then write the decision onto the pod
     # as the extender's patch does, so the rebuild below reads real annotations.
@@ -186,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         f"filled: {len(placed_pods)} pods, {100 * booked / total:.1f} % of card memory booked "
         f"({time.perf_counter() - t0:.1f} s)"
     )
+    print(f"  {memory()} (the Node and Pod objects and the state)")
+    if a.save_fleet:
+        with open(a.save_fleet, "wb") as f:
+            pickle.dump((nodes, placed_pods), f)
 
     if a.gc_freeze:
         gc.collect()
@@ -229,13 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     rebuilt = ClusterState()
     pauses.reset()
     c0, t0 = time.process_time(), time.perf_counter()
-    rebuilt.rebuild(nodes, placed_pods)
+    rebuilt.rebuild(nodes, placed_pods, **({"freeze_after": True} if a.gc_freeze else {}))
     rebuild_s, rebuild_cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"  garbage collections during the rebuild: {pauses.text()}")
     same = rebuilt.usage_snapshot() == state.usage_snapshot()
     print(
         f"rebuild: {a.nodes} nodes + {len(placed_pods)} pods in {rebuild_s:.2f} s wall, {rebuild_cpu:.2f} s CPU; equal to the incremental state: {same}"
     )
+    print(f"  {memory()} (a second state beside the first)")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
     p99 = pct(results["all nodes"][0], 99)
@@ -249,6 +282,27 @@ def main(argv: list[str] | None = None) -> int:
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
         print(s.getvalue())
     return 0 if ok else 1
+
+
+def rebuild_only(path: str, repeat: int, *, freeze: bool = False) -> int:
+    """Time `repeat` rebuilds of a fresh state from the fleet at `path`; 0 when the last is within target."""
+    with open(path, "rb") as f:
+        nodes, placed = pickle.load(f)  # noqa: S301 - our own file, written by --save-fleet
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    wall = 0.0
+    for _ in range(repeat):
+        pauses = GcPauses()
+        state = ClusterState()
+        c0, t0 = time.process_time(), time.perf_counter()
+        state.rebuild(nodes, placed, **({"freeze_after": True} if freeze else {}))  # older cores lack it
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        print(f"rebuild: {len(nodes)} nodes + {len(placed)} pods in {wall:.2f} s wall, {cpu:.2f} s CPU; "
+              f"garbage collections: {pauses.text()}")  # fmt: skip
+        gc.callbacks.remove(pauses._cb)  # noqa: SLF001
+        del state
+    print(f"  {memory()}")
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0 if wall <= TARGET_REBUILD_S else 1
 
 
 if __name__ == "__main__":

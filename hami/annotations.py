@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -184,6 +185,9 @@ def align_pod_devices(
 # Bounded decoding of what node agents write (size, depth, the card id alphabet), and JSON as Go writes it.
 
 
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|["\[\]{}]', re.DOTALL)
+
+
 def load_json(
     value: str, *, max_bytes: int = MAX_REGISTRATION_BYTES, max_depth: int = MAX_JSON_DEPTH
 ) -> object:
@@ -196,28 +200,33 @@ def load_json(
     """
     if len(value) > max_bytes or len(value.encode("utf-8", "surrogatepass")) > max_bytes:
         raise AnnotationError(f"longer than {max_bytes} bytes")
-    depth = 0
-    in_string = escaped = False
-    for ch in value:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > max_depth:
-                raise AnnotationError(f"nested deeper than {max_depth} levels of arrays and objects")
-        elif ch in "]}":
-            depth -= 1
+    if value.count("[") + value.count("{") > max_depth:  # fewer cannot nest deeper than the bound
+        _scan_depth(value, max_depth)
     try:
         return json.loads(value)
     except (ValueError, RecursionError) as e:
         raise AnnotationError(f"not valid JSON: {e}") from None
+
+
+def _scan_depth(value: str, max_depth: int) -> int:
+    """The nesting left open at the end of `value`; raises AnnotationError beyond `max_depth`.
+
+    Walked token by token (whole strings, whose brackets do not nest, and brackets), not character
+    by character: a 10,000-node relist reads 10,000 registrations. Linear: a string without its
+    closing quote is matched as a lone quote, and everything after it is inside it."""
+    depth = 0
+    for match in _JSON_TOKENS.finditer(value):
+        token = match[0]
+        if token[0] == '"':
+            if len(token) == 1:
+                break
+        elif token in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise AnnotationError(f"nested deeper than {max_depth} levels of arrays and objects")
+        else:
+            depth -= 1
+    return depth
 
 
 #: ``:`` is not among them: HAMi's Kunlun ids are PCI bus ids (``0000:1a:00.0``), and the device list

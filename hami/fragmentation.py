@@ -228,6 +228,10 @@ class FragmentationModel:
         card of the vendor registered): its share of that card (`Shape.share_on`) times its cards."""
         return s.share_on(*self._reference.get(s.vendor, REFERENCE_CARD)) * s.nums
 
+    def seen(self, uid: str) -> bool:
+        """Whether pod `uid` was counted recently (`observe` would skip it)."""
+        return uid in self._seen
+
     def observe(self, shapes: Iterable[Shape], uid: str | None = None) -> bool:
         """Count one arriving pod's container shapes, each weighted 1 / (containers x (cards of capacity
         it asks, `demand`) squared), so the small shares that fill the last gaps count for more than

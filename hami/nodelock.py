@@ -160,6 +160,29 @@ class NodeMutexes:
                 if entry[1] == 0:
                     del self._entries[node_name]
 
+    @contextmanager
+    def try_hold(self, node_name: str) -> Iterator[bool]:
+        """Hold `node_name`'s mutex for the ``with`` block when it is free (yields True), else yield
+        False at once: for an event loop, which must not block on a thread's turn."""
+        with self._guard:
+            entry = self._entries.get(node_name)
+            if entry is None:
+                entry = self._entries[node_name] = [threading.Lock(), 0]
+            got = entry[0].acquire(blocking=False)
+            if got:
+                entry[1] += 1
+            elif entry[1] == 0:
+                del self._entries[node_name]
+        try:
+            yield got
+        finally:
+            if got:
+                entry[0].release()
+                with self._guard:
+                    entry[1] -= 1
+                    if entry[1] == 0:
+                        del self._entries[node_name]
+
     def __len__(self) -> int:
         """Nodes whose mutex is held or waited for now."""
         with self._guard:
@@ -346,27 +369,52 @@ def _lock_from_cache(
     clock: Callable[[], datetime],
     stamp: str | None = None,
 ) -> bool:
-    """One optimistic write from a cached Node; True when the lock was taken, False to go the long way.
-
-    Only an unlocked node or an expired lock is written from the cache; anything else (a live lock,
-    ours included, a malformed value, no resourceVersion) needs the fresh read of the normal path.
-    """
-    meta = node.get("metadata") or {}
-    rv = meta.get("resourceVersion")
-    if not rv or meta.get("name") != node_name:
+    """One optimistic write from a cached Node; True when the lock was taken, False to go the long way."""
+    write = cached_lock_write(
+        node, node_name, namespace=namespace, pod_name=pod_name, expiry_s=expiry_s, key=key, clock=clock,
+        stamp=stamp,
+    )  # fmt: skip
+    if write is None:
         return False
     try:
-        lock = read_node_lock(node, key=key)
-    except AnnotationError:
-        return False
-    if lock is not None and (clock() - lock.time).total_seconds() <= expiry_s:
-        return False
-    value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
-    try:
-        client.patch_node_annotations(node_name, _lock_patch(key, value, stamp), resource_version=rv)
+        client.patch_node_annotations(node_name, write[0], resource_version=write[1])
     except Conflict:
         return False  # the cache was behind the API server: re-read
     return True
+
+
+def cached_lock_write(
+    node: Mapping[str, Any],
+    node_name: str,
+    *,
+    namespace: str,
+    pod_name: str,
+    expiry_s: float = NODE_LOCK_EXPIRY_S,
+    key: str = NODE_LOCK,
+    clock: Callable[[], datetime] | None = None,
+    stamp: str | None = None,
+) -> tuple[dict[str, str | None], str] | None:
+    """The optimistic first write of `lock_node` from a cached Node: ``(annotations patch,
+    resourceVersion precondition)``, or None when the cache cannot decide (the normal path must read).
+
+    Only an unlocked node or an expired lock is written from the cache; anything else (a live lock,
+    ours included, a malformed value, no resourceVersion) needs the fresh read of the normal path. A
+    caller that sends it itself (an event loop) records the owner in its `NodeMutexes` on success and
+    calls `lock_node` without `cached` after a Conflict.
+    """
+    clock = clock or (lambda: datetime.now().astimezone())
+    meta = node.get("metadata") or {}
+    rv = meta.get("resourceVersion")
+    if not rv or meta.get("name") != node_name:
+        return None
+    try:
+        lock = read_node_lock(node, key=key)
+    except AnnotationError:
+        return None
+    if lock is not None and (clock() - lock.time).total_seconds() <= expiry_s:
+        return None
+    value = encode_node_lock(NodeLock(time=clock(), namespace=namespace, name=pod_name))
+    return _lock_patch(key, value, stamp), str(rv)
 
 
 def _lock_patch(key: str, value: str, stamp: str | None) -> dict[str, str | None]:

@@ -100,6 +100,8 @@ class Need(NamedTuple):
                     code = core_reason(devcore, usedcores, used, cores)
                     if code is None:
                         ok += 1
+                        if ok >= self.nums or s.mig:
+                            return None  # enough cards: the other cards' reasons are never read
                         continue
             codes.append(code)
         if ok >= self.nums or (ok and s.mig):
@@ -242,6 +244,7 @@ class VerdictIndex:
     then re-judges only the nodes changed since the demand was last asked for, and answers a filter
     with set lookups over the candidate names; a call naming fewer than half as many nodes as there
     are to re-judge judges just the named ones (`prefilter`) and leaves the demand's verdicts behind.
+    A demand gets verdicts over every node on its second ask naming at least a quarter of the nodes.
     The verdicts are exactly `prefilter`'s (a property test holds that). At most `max_demands` demands are kept (least recently used first out): each holds a
     set and a dict over all nodes, about 1 MiB at 10,000 nodes.
     """
@@ -252,6 +255,9 @@ class VerdictIndex:
         self._log: list[str] = []
         self._base = 0  # absolute position of _log[0]
         self._by_key: dict[tuple, _Verdicts] = {}  # insertion order = least recently used first
+        # Demands asked for once without verdicts kept (least recently asked first): asked again, they
+        # get verdicts over every node, which later asks answer with set lookups.
+        self._asked: dict[tuple, None] = {}
 
     def changed(self, name: str) -> None:
         """Node `name` changed (or appeared, or went)."""
@@ -262,6 +268,7 @@ class VerdictIndex:
         self._base += len(self._log)
         self._log.clear()
         self._by_key.clear()
+        self._asked.clear()
 
     def candidates(
         self,
@@ -275,11 +282,22 @@ class VerdictIndex:
         end = self._base + len(self._log)
         key = tuple(needs.items())
         v = self._by_key.get(key)
-        if (len(nodes) if v is None else end - v.seen) > 2 * len(node_names):
+        if v is None and len(nodes) > 2 * len(node_names):
+            # Fewer than half the nodes named: judging those costs less than judging every node. When a
+            # quarter or more are named (kube-scheduler's share below ~3,000 nodes, rotating) and the
+            # demand was asked for before (most pods ask alike), verdicts over every node are kept, so
+            # later asks cost set lookups; fewer names (the simulator's best few) never build them.
+            if key not in self._asked or 4 * len(node_names) < len(nodes):
+                self._asked[key] = None
+                while len(self._asked) > 4 * self.max_demands:
+                    del self._asked[next(iter(self._asked))]
+                return prefilter(nodes, node_names, needs, failed)
+        if v is not None and end - v.seen > 2 * len(node_names):
             # A few names (the simulator hands over the best few fitting nodes): judging them costs
             # less than catching this demand's verdicts up with every node changed since it was last
             # asked for; the verdicts are the same, the kept ones catch up when many names come.
             return prefilter(nodes, node_names, needs, failed)
+        self._asked.pop(key, None)
         v = self._by_key.pop(key, None)
         if v is None:
             fits: set[str] = set()

@@ -77,7 +77,7 @@ class Server:
             on_invalid_registration=self._invalid_registration,
         )
         self.events = EventSink(
-            self.client.create_event,
+            self.client.acreate_event,
             component=name or "hami-scheduler",
             on_drop=self.metrics.events_dropped.inc,
             level=options.events,
@@ -196,4 +196,4 @@ class Server:
         if self._runner is not None:
             await self._runner.cleanup()
         self.extender.close()
-        self.client.close()
+        await self.client.aclose()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from hami import annotations as A
 from hami.cluster import FilterOutcome
 from hami.errors import Conflict, HamiError, InvalidRequest, NodeLockContention, NotFound
-from hami.nodelock import lock_node, release_node_lock
+from hami.nodelock import cached_lock_write, lock_node, release_node_lock
 from hami.vendors import pod_takes_node_lock
 from scheduler_extender import events as ev
 from scheduler_extender.verb_state import VerbState
@@ -138,7 +138,7 @@ class BindVerbs(VerbState):
         budget = self.settings.bind_lock_wait_s
         queues = self.lock_queues
         if budget <= 0 or self.client is None or not self._takes_lock(a):
-            await asyncio.to_thread(self._bind_sync, a, token)
+            await self._bind_attempt(a, token)
             return
         loop = asyncio.get_running_loop()
         queues.attach(loop)
@@ -156,7 +156,7 @@ class BindVerbs(VerbState):
                     gave_up = True
                     raise
                 try:
-                    await asyncio.to_thread(self._bind_sync, a, token)
+                    await self._bind_attempt(a, token)
                 except LockHeld as e:
                     held = e
                     queues.retry_later(waiter, expires_in_s=e.expires_in_s)
@@ -206,23 +206,26 @@ class BindVerbs(VerbState):
             f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}",
         )
 
-    def _bind_sync(self, a: BindArgs, token: int | None = None) -> None:
-        """One bind attempt; its API writes only while `token`'s leadership term lasts (`TermGuard`)."""
+    async def _bind_attempt(self, a: BindArgs, token: int | None = None) -> None:
+        """One bind attempt on the event loop; its API writes only while `token`'s leadership term
+        lasts (`TermGuard`). The happy path's two writes (node lock from the watched Node, Binding) are
+        the client's coroutines; the rare steps that block (reads on a stale cache, lock contention,
+        undoing) run in a worker thread."""
         with self.term_guard.writing(token) as current:
             if not current:
                 raise BindFailure(
                     "not_ready", f"binding pod {a.pod_namespace}/{a.pod_name} failed: leadership ended; the "
                     "new leader will filter it again",
                 )  # fmt: skip
-            self._bind_in_term(a)
+            await self._bind_in_term(a)
 
-    def _bind_in_term(self, a: BindArgs) -> None:
+    async def _bind_in_term(self, a: BindArgs) -> None:
         ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
         who = f"pod {ns}/{name}"
         if not uid and self.client is not None:
             # Callers that leave PodUID out: the reservation is keyed by UID, so look it up.
             try:
-                pod = self.client.get_pod(ns, name)
+                pod = await self.client.aget("pods", name, namespace=ns)
             except HamiError as e:
                 raise BindFailure("bind", f"binding {who} failed: cannot read the pod: {e}") from None
             if pod is None:
@@ -230,7 +233,7 @@ class BindVerbs(VerbState):
             uid = (pod.get("metadata") or {}).get("uid", "")
             a = BindArgs(name, ns, uid, node)
         if self._recorder is not None and uid:
-            error = self.wait_recorded(uid, timeout_s=30.0)
+            error = await asyncio.to_thread(self.wait_recorded, uid, timeout_s=30.0)
             if error is not None:
                 raise BindFailure("record", f"binding {who} to {node} failed: {error}")
         cached = self.pod_lookup(ns, name)
@@ -245,14 +248,14 @@ class BindVerbs(VerbState):
         reserved = self.state.pod_node(uid) if uid else None
         if self.settings.filter_mode == "all" and reserved != node and uid and self.client is not None:
             # --filter-mode all: the cards are decided now, for the node kube-scheduler picked.
-            cached = self._place_at_bind(a, cached)
+            cached = await asyncio.to_thread(self._place_at_bind, a, cached)
             reserved = node
         if reserved is not None and reserved != node:
             raise BindFailure(
                 "no_reservation",
                 f"{who} was filtered onto node {reserved}, not {node}; it will be filtered again",
             )
-        if reserved is None and self._already_bound(a):
+        if reserved is None and await asyncio.to_thread(self._already_bound, a):
             return
         if self.client is None:
             return
@@ -260,12 +263,9 @@ class BindVerbs(VerbState):
             if pod_takes_node_lock(cached, self.state.vendors):
                 # The stamp tells the device plugin which pod UID and which allocation the lock is for.
                 decided = self.state.decided_allocations(uid) if uid else {}
-                lock_node(
-                    self.client, node, namespace=ns, pod_name=name, uid=uid or None,
-                    expiry_s=self.settings.node_lock_expiry_s,
-                    cached=self.node_lookup(node), mutexes=self.node_mutexes,
-                    stamp=A.encode_allocation_stamp(uid, decided) if decided else None,
-                )  # fmt: skip
+                await self._lock_node(
+                    node, ns, name, uid, A.encode_allocation_stamp(uid, decided) if decided else None
+                )
         except NodeLockContention as e:
             raise LockHeld(
                 "lock", f"binding {who} to {node} failed: {e}", expires_in_s=e.expires_in_s
@@ -285,7 +285,7 @@ class BindVerbs(VerbState):
             if why is not None and why.startswith("node unregistered"):
                 # The node (or its registration) went away while we held the lock: the API server would
                 # still accept the Binding, but nothing on that node can allocate the cards.
-                self._unlock(node, ns, name)
+                await asyncio.to_thread(self._unlock, node, ns, name)
                 self._release_reservation(uid)
                 raise BindFailure(
                     "node_gone",
@@ -293,7 +293,7 @@ class BindVerbs(VerbState):
                 )
             # bind-phase and bind-time ride on the Binding: the API server writes them together with
             # spec.nodeName, so the device plugin never sees one without the other.
-            self.client.bind_pod(
+            await self.client.abind_pod(
                 ns,
                 name,
                 uid=uid or None,
@@ -301,8 +301,8 @@ class BindVerbs(VerbState):
                 annotations={A.BIND_PHASE: A.BindPhase.ALLOCATING.value, A.BIND_TIME: str(int(time.time()))},
             )
         except (NotFound, Conflict) as e:
-            self._unlock(node, ns, name)
-            gone = isinstance(e, NotFound) or self._pod_gone(ns, name, uid)
+            await asyncio.to_thread(self._unlock, node, ns, name)
+            gone = isinstance(e, NotFound) or await asyncio.to_thread(self._pod_gone, ns, name, uid)
             if gone:
                 self._release_reservation(uid)
                 raise BindFailure(
@@ -314,7 +314,7 @@ class BindVerbs(VerbState):
                 "bind", f"binding {who} to {node} failed: {e}; the node lock was released"
             ) from None
         except HamiError as e:
-            self._unlock(node, ns, name)
+            await asyncio.to_thread(self._unlock, node, ns, name)
             raise BindFailure(
                 "bind", f"binding {who} to {node} failed: {e}; the node lock was released"
             ) from None
@@ -323,6 +323,32 @@ class BindVerbs(VerbState):
             reason=ev.BINDING_SUCCEED,
             message=ev.binding_succeed_message(node, ns, name),
         )
+
+    async def _lock_node(self, node: str, ns: str, name: str, uid: str, stamp: str | None) -> None:
+        """`hami.nodelock.lock_node` with its first write from the watched Node sent from the event loop;
+        anything else (a live lock in the cache, a stale cache, the node's mutex taken by a thread) goes
+        the synchronous way in a worker thread. Raises as `lock_node`."""
+        expiry_s = self.settings.node_lock_expiry_s
+        cached = self.node_lookup(node)
+        write = (
+            cached_lock_write(cached, node, namespace=ns, pod_name=name, expiry_s=expiry_s, stamp=stamp)
+            if cached is not None
+            else None
+        )
+        if write is not None:
+            with self.node_mutexes.try_hold(node) as held:
+                if held:
+                    try:
+                        await self.client.apatch_node_annotations(node, write[0], resource_version=write[1])
+                    except Conflict:
+                        cached = None  # the cache was behind the API server: the long way reads afresh
+                    else:
+                        self.node_mutexes.record_owner(node, ns, name, uid or None, expiry_s=expiry_s)
+                        return
+        await asyncio.to_thread(
+            lock_node, self.client, node, namespace=ns, pod_name=name, uid=uid or None, expiry_s=expiry_s,
+            cached=cached, mutexes=self.node_mutexes, stamp=stamp,
+        )  # fmt: skip
 
     def _place_at_bind(self, a: BindArgs, cached: dict[str, Any] | None) -> dict[str, Any]:
         """``--filter-mode all``: choose and reserve the cards on `a.node`, record them on the pod.

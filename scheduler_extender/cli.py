@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kube-timeout", type=duration, default=10.0, help="per API request timeout (default 10s)"
     )
-    p.add_argument("--workers", type=int, default=32, help="threads for API calls and decisions (default 32)")
+    p.add_argument("--workers", type=int, default=32, help="threads for the steps that block (stale cache, lock contention, --async-record) and the API connection pool size (default 32)")
     p.add_argument(
         "--events",
         default="all",

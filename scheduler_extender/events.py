@@ -14,6 +14,7 @@ The message texts are built here, once: HAMi's reason words and sentence shapes 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -113,8 +114,9 @@ def binding_succeed_message(node: str, namespace: str, name: str) -> str:
 
 
 class EventSink:
-    """A bounded queue of events drained by one background task through `send` (a blocking call run in
-    a thread, e.g. `KubeClient.create_event`). `on_drop()` is called for every dropped event."""
+    """A bounded queue of events drained by one background task through `send`: a coroutine function
+    awaited on the loop (`KubeClient.acreate_event`), or a blocking call run in a thread
+    (`KubeClient.create_event`). `on_drop()` is called for every dropped event."""
 
     def __init__(
         self,
@@ -128,6 +130,8 @@ class EventSink:
         if level not in EVENT_LEVELS:
             raise ValueError(f"event level {level!r}: valid: {', '.join(EVENT_LEVELS)}")
         self._send = send if level != "none" else None
+        # A coroutine function (`KubeClient.acreate_event`) runs on the loop; a blocking one in a thread.
+        self._async_send = inspect.iscoroutinefunction(send)
         self.warnings_only = level == "failures"
         self.component = component
         self._queue: asyncio.Queue[tuple[dict[str, Any], dict[str, Any]]] = asyncio.Queue(capacity)
@@ -184,7 +188,10 @@ class EventSink:
         while True:
             involved, kwargs = await self._queue.get()
             try:
-                await asyncio.to_thread(self._send, involved, **kwargs)
+                if self._async_send:
+                    await self._send(involved, **kwargs)
+                else:
+                    await asyncio.to_thread(self._send, involved, **kwargs)
             except Exception as e:  # noqa: BLE001 - an event is never worth a crash
                 log.warning("event %s not recorded: %s", kwargs.get("reason"), e)
             finally:

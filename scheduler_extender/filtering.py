@@ -65,8 +65,10 @@ class FilterVerbs(VerbState):
                 result = filter_result(args, error=f"extender not ready: {not_ready}")
             elif self.settings.filter_mode == "all":
                 result = await asyncio.to_thread(self._filter_all_sync, args)
-            else:
+            elif self._recorder is not None:
                 result = await asyncio.to_thread(self._filter_sync, args, token)
+            else:
+                result = await self._filter_async(args, token)
         except InvalidRequest as e:
             self.metrics.filter_failed("bad_request")
             result = filter_result(args, error=str(e))
@@ -159,7 +161,59 @@ class FilterVerbs(VerbState):
             log.exception("prioritize failed unexpectedly")
             return []
 
+    async def _filter_async(self, args: FilterArgs, token: int | None) -> dict[str, Any]:
+        """The default filter on the event loop: the decision here (no thread hand-off), the one pod
+        patch through the client's coroutine. While a relist holds the pod watch's lock (a rebuild
+        takes seconds at fleet size) the decision waits in a worker thread, so the loop keeps serving."""
+        if self.inflight.lock.acquire(blocking=False):
+            try:
+                step = self._filter_decide(args, token)
+            finally:
+                self.inflight.lock.release()
+        else:
+            step = await asyncio.to_thread(self._filter_decide, args, token)
+        if isinstance(step, dict):
+            return step
+        result, pod, outcome, succeed = step
+        if outcome is None:
+            await self._aclear(pod, token)
+            return result
+        with self.term_guard.writing(token) as current:
+            error = await self._arecord(pod, outcome) if current else _TERM_ENDED
+        if not self._settle(pod, error, succeed):
+            return filter_result(args, error=self._last_error(pod["metadata"]["uid"]))
+        self.metrics.filters.labels("placed").inc()
+        return result
+
     def _filter_sync(self, args: FilterArgs, token: int | None = None) -> dict[str, Any]:
+        step = self._filter_decide(args, token)
+        if isinstance(step, dict):
+            return step
+        result, pod, outcome, succeed = step
+        if outcome is None:
+            self._clear(pod, token)
+            return result
+        meta = pod["metadata"]
+        if self._recorder is not None:
+            uid = meta["uid"]
+            with self._pending_lock:
+                self._record_errors.pop(uid, None)
+                future = self._recorder.submit(self._record_and_settle, pod, outcome, succeed, token)
+                self._pending[uid] = future
+            future.add_done_callback(lambda _f, uid=uid: self._record_done(uid, _f))
+            self.metrics.filters.labels("placed").inc()
+            return result
+        if not self._record_and_settle(pod, outcome, succeed, token):
+            return filter_result(args, error=self._last_error(meta["uid"]))
+        self.metrics.filters.labels("placed").inc()
+        return result
+
+    def _filter_decide(
+        self, args: FilterArgs, token: int | None = None
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any], FilterOutcome | None, str]:
+        """Decide and reserve (no API call): the final reply, or ``(reply, pod, outcome, event text)``
+        when a write must follow: the placement to record (`outcome`), or with `outcome` None the
+        stale allocation of a pod that now fits nowhere to clear (`_clear`)."""
         pod = args.pod
         meta = pod["metadata"]
         if self._recorder is not None:
@@ -200,8 +254,6 @@ class FilterVerbs(VerbState):
         if outcome.node is None:
             for n in args.names:
                 failed.setdefault(n, "no fit")
-            if placed_before:
-                self._clear(pod, token)
             self.metrics.filter_failed("no_fit")
             self.metrics.filters.labels("unschedulable").inc()
             self.events.emit(
@@ -210,7 +262,8 @@ class FilterVerbs(VerbState):
                 message=ev.filtering_failed_message(failed, containers=containers),
                 warning=True,
             )
-            return filter_result(args, passed=[], failed=ev.failed_nodes_words(failed, containers))
+            reply = filter_result(args, passed=[], failed=ev.failed_nodes_words(failed, containers))
+            return (reply, pod, None, "") if placed_before else reply
         failed = ev.failed_nodes_words(failed, containers)
         chosen_reason = f"node {outcome.node} chosen"  # one string for every other candidate
         for n in args.names:
@@ -218,19 +271,7 @@ class FilterVerbs(VerbState):
                 failed[n] = chosen_reason
         cards = [d.uuid for lst in outcome.devices.values() for c in lst for d in c]
         succeed = ev.filtering_succeed_message(outcome.node, cards, len(failed))
-        if self._recorder is not None:
-            uid = meta["uid"]
-            with self._pending_lock:
-                self._record_errors.pop(uid, None)
-                future = self._recorder.submit(self._record_and_settle, pod, outcome, succeed, token)
-                self._pending[uid] = future
-            future.add_done_callback(lambda _f, uid=uid: self._record_done(uid, _f))
-            self.metrics.filters.labels("placed").inc()
-            return filter_result(args, passed=[outcome.node], failed=failed)
-        if not self._record_and_settle(pod, outcome, succeed, token):
-            return filter_result(args, error=self._last_error(meta["uid"]))
-        self.metrics.filters.labels("placed").inc()
-        return filter_result(args, passed=[outcome.node], failed=failed)
+        return filter_result(args, passed=[outcome.node], failed=failed), pod, outcome, succeed
 
     def _record_and_settle(
         self, pod: dict[str, Any], outcome: FilterOutcome, succeed: str, token: int | None = None
@@ -241,15 +282,13 @@ class FilterVerbs(VerbState):
         began: the next leader decides from the annotations, which must not change under it.
         The error text is kept for `wait_recorded` / `_last_error` (bounded to the last 1000 pods).
         """
-        uid = pod["metadata"]["uid"]
         with self.term_guard.writing(token) as current:
-            if current:
-                error = self._record(pod, outcome)
-            else:
-                error = (
-                    "leadership ended while this filter was running; the placement was not recorded "
-                    "and the pod will be filtered again by the new leader"
-                )
+            error = self._record(pod, outcome) if current else _TERM_ENDED
+        return self._settle(pod, error, succeed)
+
+    def _settle(self, pod: dict[str, Any], error: str | None, succeed: str) -> bool:
+        """After the placement write: the success event, or release, count and report its `error`."""
+        uid = pod["metadata"]["uid"]
         if error is None:
             self.events.emit(pod, reason=ev.FILTERING_SUCCEED, message=succeed)
             return True
@@ -314,15 +353,32 @@ class FilterVerbs(VerbState):
                     self.inflight.forget(meta["uid"])
                     return
                 self.client.patch_pod_metadata(
-                    meta.get("namespace") or "default",
-                    meta["name"],
-                    annotations=self._cleared(),
-                    labels={A.ASSIGNED_NODE: None},
-                    uid=meta["uid"],
-                )
+                    meta.get("namespace") or "default", meta["name"], annotations=self._cleared(),
+                    labels={A.ASSIGNED_NODE: None}, uid=meta["uid"],
+                )  # fmt: skip
         except HamiError as e:
-            self.inflight.forget(meta["uid"])
-            log.info("pod %s: stale allocation not removed: %s", _pod_name(pod), e)
+            self._not_cleared(pod, e)
+
+    async def _aclear(self, pod: dict[str, Any], token: int | None = None) -> None:
+        """`_clear` through the client's coroutine, on the event loop."""
+        if self.client is None:
+            return
+        meta = pod["metadata"]
+        try:
+            with self.term_guard.writing(token) as current:
+                if not current:
+                    self.inflight.forget(meta["uid"])
+                    return
+                await self.client.apatch_pod_metadata(
+                    meta.get("namespace") or "default", meta["name"], annotations=self._cleared(),
+                    labels={A.ASSIGNED_NODE: None}, uid=meta["uid"],
+                )  # fmt: skip
+        except HamiError as e:
+            self._not_cleared(pod, e)
+
+    def _not_cleared(self, pod: dict[str, Any], e: HamiError) -> None:
+        self.inflight.forget(pod["metadata"]["uid"])
+        log.info("pod %s: stale allocation not removed: %s", _pod_name(pod), e)
 
     def _record(self, pod: dict[str, Any], outcome: FilterOutcome) -> str | None:
         """Patch the decision onto the pod (only this incarnation: its UID). Returns an error text or None."""
@@ -334,16 +390,42 @@ class FilterVerbs(VerbState):
             self.client.patch_pod_metadata(
                 ns, name, annotations=outcome.annotations, labels=outcome.labels, uid=meta["uid"]
             )
-        except NotFound:
-            return f"pod {ns}/{name} no longer exists; its device reservation on {outcome.node} was released"
-        except Conflict:
-            return (
-                f"pod {ns}/{name} was re-created (UID changed) while being filtered; "
-                "its device reservation was released and it will be filtered again"
+        except HamiError as e:
+            return _record_error(e, ns, name, outcome.node)
+        return None
+
+    async def _arecord(self, pod: dict[str, Any], outcome: FilterOutcome) -> str | None:
+        """`_record` through the client's coroutine, on the event loop."""
+        if self.client is None:
+            return None
+        meta = pod["metadata"]
+        ns, name = meta.get("namespace") or "default", meta["name"]
+        try:
+            await self.client.apatch_pod_metadata(
+                ns, name, annotations=outcome.annotations, labels=outcome.labels, uid=meta["uid"]
             )
         except HamiError as e:
-            return f"recording the placement on pod {ns}/{name} failed ({e}); the reservation was released"
+            return _record_error(e, ns, name, outcome.node)
         return None
+
+
+#: Why a placement was not written when the leadership term ended before the write (`TermGuard`).
+_TERM_ENDED = (
+    "leadership ended while this filter was running; the placement was not recorded "
+    "and the pod will be filtered again by the new leader"
+)
+
+
+def _record_error(e: HamiError, ns: str, name: str, node: str | None) -> str:
+    """The reply's and the event's text for a placement write that failed with `e`."""
+    if isinstance(e, NotFound):
+        return f"pod {ns}/{name} no longer exists; its device reservation on {node} was released"
+    if isinstance(e, Conflict):
+        return (
+            f"pod {ns}/{name} was re-created (UID changed) while being filtered; "
+            "its device reservation was released and it will be filtered again"
+        )
+    return f"recording the placement on pod {ns}/{name} failed ({e}); the reservation was released"
 
 
 def _pod_name(pod: dict[str, Any]) -> str:

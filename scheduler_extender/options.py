@@ -46,6 +46,9 @@ class SyncOptions:
     advertise_node_resources: bool = False
     """Keep every GPU node's capacity of the memory and cores resources at its cards' totals
     (`scheduler_extender.advertise`)."""
+    freeze_after_rebuild: bool = False
+    """``gc.freeze()`` the state a relist rebuilt (on with ``--gc-freeze-interval``: the freezer would
+    freeze it at its next tick; before that, a young collection would walk all of it)."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class ExtenderOptions:
     kube_timeout: float = 10.0
     """``--kube-timeout``, seconds per API request (default 10 s)."""
     workers: int = 32
-    """``--workers``: threads for API calls and decisions (default 32)."""
+    """``--workers``: threads for the steps that block, and the API connection pool size (default 32)."""
     events: str = "all"
     """``--events``: pod events ``all`` (HAMi), ``failures`` (Warning only) or ``none``."""
     async_record: bool = False
@@ -163,6 +166,7 @@ class ExtenderOptions:
             handshake_timeout_s=self.handshake_timeout,
             reservation_ttl_s=self.reservation_ttl,
             advertise_node_resources=self.advertise_node_resources,
+            freeze_after_rebuild=self.gc_freeze_interval > 0,
         )
 
 

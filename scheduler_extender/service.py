@@ -3,8 +3,10 @@
 prioritize), `scheduler_extender.binding` (bind = node lock + Binding, undoing what was taken on any
 failure) and `scheduler_extender.preempting` (preempt = the victims that free cards, per node).
 
-Blocking work (ClusterState, the kube client) runs in worker threads; the event loop only parses,
-dispatches and answers.
+The common case runs on the event loop: the decision (`ClusterState`, about a millisecond) and the
+API writes, which are `hami.kube.KubeClient`'s coroutines (no thread hand-off per call). Steps that
+block (a read after a stale cache, node lock contention, undoing a failed bind, ``--async-record``'s
+writer, ``--filter-mode all``) run in worker threads.
 """
 
 from __future__ import annotations

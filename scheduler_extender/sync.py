@@ -129,6 +129,7 @@ class ClusterSync:
         lock_queues: LockQueues | None = None,
         on_invalid_registration: Callable[[dict[str, Any], str | None], None] | None = None,
         advertise_node_resources: bool = False,
+        freeze_after_rebuild: bool = False,
     ) -> None:
         self.client = client
         # Told (node, reason) when a node's registration turns unreadable, (node, None) when it is
@@ -141,6 +142,7 @@ class ClusterSync:
         self.inflight = inflight if inflight is not None else Inflight(reservation_ttl_s)
         self.state = state
         self.register_interval_s = register_interval_s
+        self.freeze_after_rebuild = freeze_after_rebuild
         self.handshake_timeout_s = handshake_timeout_s
         self.reservation_ttl_s = reservation_ttl_s
         self.write_handshakes = write_handshakes
@@ -269,7 +271,10 @@ class ClusterSync:
             if mid_term:
                 pods = [p for p in pods if self.inflight.admits(p)]
             try:
-                self.state.rebuild(nodes, pods, self.quotas.items(), keep_reservations=mid_term)
+                self.state.rebuild(
+                    nodes, pods, self.quotas.items(), keep_reservations=mid_term,
+                    freeze_after=self.freeze_after_rebuild,
+                )  # fmt: skip
                 for node in nodes:
                     self._apply_node(node)
                     if self.advertiser is not None:

@@ -3,7 +3,9 @@
 Cut as client-go cuts it, one file per thing held:
 
 * `client`: `KubeClient`, plain-dict calls (get, list, create, patch, replace, delete, watch,
-  Binding, events, leases) with rate limiting;
+  Binding, events, leases), the hot ones also as coroutines;
+* `transport`: `ApiTransport`, how those requests are sent (urllib3 pool, rate limit, auth, retries)
+  and the construction from a kubeconfig; `aio`: `AsyncTransport`, the same from the event loop;
 * `retry`: the one retry policy (`Backoff`, `retry_call`, `retry_call_async`) and the mapping of
   API answers to `hami.errors`;
 * `events`: core/v1 Events with repeat counting;
@@ -17,18 +19,13 @@ it). Everything is re-exported here, so ``from hami.kube import KubeClient`` is 
 """
 
 from hami.errors import ApiError, ResourceExpired
-from hami.kube.client import (
-    AUTH_REFRESH_S,
-    JSON_PATCH,
-    MERGE_PATCH,
-    STRATEGIC_MERGE_PATCH,
-    KubeClient,
-)
+from hami.kube.client import JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, KubeClient
 from hami.kube.events import EVENT_MESSAGE_MAX, EventLog
 from hami.kube.leader import LeaderElector
 from hami.kube.reflector import Reflector
 from hami.kube.resources import RESOURCES, now_micro, now_rfc3339, object_key
 from hami.kube.retry import Backoff, retry_call, retry_call_async
+from hami.kube.transport import AUTH_REFRESH_S
 from hami.kube.watch import WatchStream
 
 __all__ = [

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from hami.errors import HamiError, InvalidRequest
 from hami.kube.resources import meta_of, now_rfc3339
@@ -61,6 +61,74 @@ class EventLog:
             self._seen.pop(key, None)
 
 
+class _Event(NamedTuple):
+    """One event write as `_event_write` plans it: bump `name` (a repeat) or create `body`."""
+
+    key: tuple[str, ...]
+    namespace: str
+    name: str
+    count: int
+    body: dict[str, Any] | None
+    now: str
+
+
+def _event_write(
+    events: EventLog,
+    involved: Mapping[str, Any],
+    *,
+    reason: str,
+    message: str,
+    type: str,
+    kind: str | None,
+    component: str,
+    host: str | None,
+    action: str | None,
+    namespace: str | None,
+) -> _Event:
+    if type not in ("Normal", "Warning"):
+        raise InvalidRequest(f"event type {type!r}: want 'Normal' or 'Warning'")
+    meta = meta_of(involved)
+    obj_ns = meta.get("namespace") or ""
+    kind = kind or involved.get("kind") or ("Pod" if obj_ns else "Node")
+    ns = namespace or obj_ns or "default"
+    if len(message) > EVENT_MESSAGE_MAX:
+        message = message[: EVENT_MESSAGE_MAX - 3] + "..."
+    now = now_rfc3339()
+    key = (ns, kind, obj_ns, meta.get("name", ""), meta.get("uid", ""), reason, message, type, component)
+    name, count = events.repeat(key)
+    if name:
+        return _Event(key, ns, name, count, None, now)
+    event: dict[str, Any] = {
+        "metadata": {"name": f"{meta.get('name', 'object')}.{time.time_ns():x}", "namespace": ns},
+        "involvedObject": {
+            "kind": kind,
+            "apiVersion": involved.get("apiVersion") or "v1",
+            "name": meta.get("name", ""),
+            **({"namespace": obj_ns} if obj_ns else {}),
+            **({"uid": meta["uid"]} if meta.get("uid") else {}),
+            **({"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}),
+        },
+        "reason": reason,
+        "message": message,
+        "type": type,
+        "source": {"component": component, **({"host": host} if host else {})},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+        "reportingComponent": component,
+        "reportingInstance": host or "",
+    }
+    if action:
+        event["action"] = action
+    return _Event(key, ns, "", 1, event, now)
+
+
+def _not_recorded(events: EventLog, plan: _Event, e: HamiError) -> None:
+    _ns, kind, obj_ns, name, _uid, reason = plan.key[:6]
+    log.warning("event %s on %s %s/%s not recorded: %s", reason, kind, obj_ns, name, e)
+    events.forget(plan.key)
+
+
 def record_event(
     client: _Writer,
     events: EventLog,
@@ -76,48 +144,52 @@ def record_event(
     namespace: str | None = None,
 ) -> dict[str, Any] | None:
     """Record a core/v1 Event about `involved`; see `hami.kube.KubeClient.create_event`."""
-    if type not in ("Normal", "Warning"):
-        raise InvalidRequest(f"event type {type!r}: want 'Normal' or 'Warning'")
-    meta = meta_of(involved)
-    obj_ns = meta.get("namespace") or ""
-    kind = kind or involved.get("kind") or ("Pod" if obj_ns else "Node")
-    ns = namespace or obj_ns or "default"
-    if len(message) > EVENT_MESSAGE_MAX:
-        message = message[: EVENT_MESSAGE_MAX - 3] + "..."
-    now = now_rfc3339()
-    key = (ns, kind, obj_ns, meta.get("name", ""), meta.get("uid", ""), reason, message, type, component)
+    plan = _event_write(
+        events, involved, reason=reason, message=message, type=type, kind=kind, component=component,
+        host=host, action=action, namespace=namespace,
+    )  # fmt: skip
     try:
-        name, count = events.repeat(key)
-        if name:
+        if plan.body is None:
             return client.patch(
-                "events", name, {"count": count, "lastTimestamp": now}, namespace=ns, retry_conflict=True
-            )
-        event: dict[str, Any] = {
-            "metadata": {"name": f"{meta.get('name', 'object')}.{time.time_ns():x}", "namespace": ns},
-            "involvedObject": {
-                "kind": kind,
-                "apiVersion": involved.get("apiVersion") or "v1",
-                "name": meta.get("name", ""),
-                **({"namespace": obj_ns} if obj_ns else {}),
-                **({"uid": meta["uid"]} if meta.get("uid") else {}),
-                **({"resourceVersion": meta["resourceVersion"]} if meta.get("resourceVersion") else {}),
-            },
-            "reason": reason,
-            "message": message,
-            "type": type,
-            "source": {"component": component, **({"host": host} if host else {})},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": component,
-            "reportingInstance": host or "",
-        }
-        if action:
-            event["action"] = action
-        created = client.create("events", event, namespace=ns)
-        events.remember(key, created["metadata"]["name"], ns)
+                "events", plan.name, {"count": plan.count, "lastTimestamp": plan.now}, namespace=plan.namespace,
+                retry_conflict=True,
+            )  # fmt: skip
+        created = client.create("events", plan.body, namespace=plan.namespace)
+        events.remember(plan.key, created["metadata"]["name"], plan.namespace)
         return created
     except HamiError as e:
-        log.warning("event %s on %s %s/%s not recorded: %s", reason, kind, obj_ns, meta.get("name"), e)
-        events.forget(key)
+        _not_recorded(events, plan, e)
+        return None
+
+
+async def arecord_event(
+    client: Any,
+    events: EventLog,
+    involved: Mapping[str, Any],
+    *,
+    reason: str,
+    message: str,
+    type: str = "Normal",
+    kind: str | None = None,
+    component: str = "hami-scheduler",
+    host: str | None = None,
+    action: str | None = None,
+    namespace: str | None = None,
+) -> dict[str, Any] | None:
+    """`record_event` through the client's coroutines (``apatch``/``acreate``)."""
+    plan = _event_write(
+        events, involved, reason=reason, message=message, type=type, kind=kind, component=component,
+        host=host, action=action, namespace=namespace,
+    )  # fmt: skip
+    try:
+        if plan.body is None:
+            return await client.apatch(
+                "events", plan.name, {"count": plan.count, "lastTimestamp": plan.now}, namespace=plan.namespace,
+                retry_conflict=True,
+            )  # fmt: skip
+        created = await client.acreate("events", plan.body, namespace=plan.namespace)
+        events.remember(plan.key, created["metadata"]["name"], plan.namespace)
+        return created
+    except HamiError as e:
+        _not_recorded(events, plan, e)
         return None

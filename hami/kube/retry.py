@@ -18,6 +18,7 @@ Only `hami.kube` imports `tenacity`, `urllib3` and `kubernetes`; code elsewhere 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -214,12 +215,9 @@ def transport_error(what: str, exc: BaseException) -> Retryable:
     return Retryable(ApiError(f"{what}: cannot reach the API server: {exc}", reason="Transport"))
 
 
-def call_with_retries(
-    attempt: Callable[[], T], *, retries: int, initial_wait_s: float, max_wait_s: float
-) -> T:
-    """Run one API call's `attempt` (which raises `Retryable` for what is worth another try) up to
-    `retries` more times with jittered exponential backoff and ``Retry-After`` honoured; the final
-    failure raises the mapped `hami.errors` type."""
+def _api_waits(initial_wait_s: float, max_wait_s: float) -> Callable[[BaseException | None], float]:
+    """Seconds to wait after each consecutive failure of one API call: jittered exponential backoff,
+    a ``Retry-After`` honoured up to `max_wait_s`."""
     backoff = Backoff(initial_wait_s, max_wait_s, jitter=0.5)
     failures = 0
 
@@ -228,6 +226,17 @@ def call_with_retries(
         failures += 1
         after = exc.retry_after_s if isinstance(exc, Retryable) else None
         return backoff.delay(failures, at_least_s=after)
+
+    return wait_after
+
+
+def call_with_retries(
+    attempt: Callable[[], T], *, retries: int, initial_wait_s: float, max_wait_s: float
+) -> T:
+    """Run one API call's `attempt` (which raises `Retryable` for what is worth another try) up to
+    `retries` more times with jittered exponential backoff and ``Retry-After`` honoured; the final
+    failure raises the mapped `hami.errors` type."""
+    wait_after = _api_waits(initial_wait_s, max_wait_s)
 
     # The first try runs bare: tenacity's bookkeeping is only paid when something failed.
     try:
@@ -238,6 +247,29 @@ def call_with_retries(
         time.sleep(wait_after(e))
     try:
         return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(Retryable),
+            stop=tenacity.stop_after_attempt(retries),
+            wait=lambda rs: wait_after(rs.outcome.exception() if rs.outcome else None),
+            reraise=True,
+        )(attempt)
+    except Retryable as e:
+        raise e.error from None
+
+
+async def acall_with_retries(
+    attempt: Callable[[], Awaitable[T]], *, retries: int, initial_wait_s: float, max_wait_s: float
+) -> T:
+    """`call_with_retries` for a coroutine `attempt` (`hami.kube.aio`): the same policy, waits on the
+    event loop."""
+    wait_after = _api_waits(initial_wait_s, max_wait_s)
+    try:
+        return await attempt()
+    except Retryable as e:
+        if retries < 1:
+            raise e.error from None
+        await asyncio.sleep(wait_after(e))
+    try:
+        return await tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception_type(Retryable),
             stop=tenacity.stop_after_attempt(retries),
             wait=lambda rs: wait_after(rs.outcome.exception() if rs.outcome else None),

@@ -1,4 +1,5 @@
-"""One open watch stream: newline-delimited JSON events read off a urllib3 response.
+"""One open watch stream: newline-delimited JSON events read off a urllib3 response (decoded by orjson:
+every scheduled pod causes several watch events, each a whole Pod or Node).
 
 The generated client's ``watch.Watch`` deserialises every object into model classes and cannot be
 interrupted from another thread; this reader yields plain dicts and `close()` unblocks a reader that
@@ -7,10 +8,11 @@ is waiting in ``recv`` (how a reflector stops or relists at once).
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Iterator
 from typing import Any
+
+import orjson
 
 from hami.errors import ApiError, ResourceExpired
 from hami.kube.retry import TRANSPORT_ERRORS
@@ -42,7 +44,7 @@ class WatchStream:
                     line, buffer = buffer[:nl], buffer[nl + 1 :]
                     if not line.strip():
                         continue
-                    event = json.loads(line)
+                    event = orjson.loads(line)
                     type_ = event.get("type")
                     obj = event.get("object") or {}
                     if type_ == "ERROR":

@@ -61,8 +61,11 @@ class Replay:
         curve_step: float,
         placed: Sequence[tuple[str, SimPod]] = (),
     ) -> None:
-        # Pods are drawn again and again from one workload: their parsed requests are kept.
-        self.state = ClusterState(config=config, vendors=build_vendors(config), request_memo=4096)
+        # Pods are drawn again and again from one workload: their parsed requests are kept. The workload
+        # is learned under every policy: the report measures each policy's fragmentation with it.
+        self.state = ClusterState(
+            config=config, vendors=build_vendors(config), request_memo=4096, learn_workload=True
+        )
         for n in workload.nodes:
             self.state.upsert_node(n.obj)
         self.card_type = {c.uuid: c.type for n in workload.nodes for c in n.cards}

@@ -188,3 +188,21 @@ def test_pair_scores_round_trip_and_errors():
 def test_rfc3339_of_offset_zone():
     t = datetime(2024, 1, 2, 3, 4, 5, tzinfo=timezone(timedelta(hours=-5)))
     assert A.format_rfc3339(t) == "2024-01-02T03:04:05-05:00"
+
+
+def test_registration_json_depth_is_bounded_and_brackets_in_strings_do_not_count() -> None:
+    from hami.annotations import MAX_JSON_DEPTH, load_json
+
+    deep = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
+    with pytest.raises(AnnotationError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        load_json(deep)
+    at_bound = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert load_json(at_bound) is not None
+    # Many brackets, but inside strings (escaped quotes included): not nesting.
+    strings = '[{"id": "GPU-[[[[[[[[[[[[[[[[[[[[", "t": "a\\"{{{{{{{{{{{{{{{{{{{{"}]'
+    assert load_json(strings) == [{"id": "GPU-" + "[" * 20, "t": 'a"' + "{" * 20}]
+    # An unterminated string: everything after its quote is inside it; the decoder names the problem.
+    with pytest.raises(AnnotationError, match="not valid JSON"):
+        load_json('["' + '\\"[' * 5000)
+    with pytest.raises(AnnotationError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        load_json('["a", ' * 40 + "1" + "]" * 40)

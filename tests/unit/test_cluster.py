@@ -253,3 +253,24 @@ def test_full_core_request_shares_a_card_registered_with_core_scaling():
     # Over the scaled capacity it is refused with the fit's reason.
     out = cs.filter(pod(ctr(gpu=1, mem=1000, cores=100)), ["n"])
     assert out.node is None and out.failed_nodes == {"n": "1/1 CardInsufficientCore"}
+
+
+def test_a_rebuild_can_leave_its_state_frozen_out_of_the_collectors_sight():
+    import gc
+
+    from scheduler_extender.options import ExtenderOptions
+
+    state = ClusterState()
+    nodes = [node(f"n{i}", cards(f"n{i}", 2)) for i in range(3)]
+    gc.unfreeze()
+    try:
+        state.rebuild(nodes, [])
+        assert gc.get_freeze_count() == 0 and gc.isenabled()
+        state.rebuild(nodes, [], freeze_after=True)
+        assert gc.get_freeze_count() > 0 and gc.isenabled()
+        assert gc.get_count()[0] < 50  # no young collection is due to walk what the rebuild built
+        assert sorted(state.node_names()) == ["n0", "n1", "n2"]
+    finally:
+        gc.unfreeze()
+    # The extender freezes after a relist exactly when its GC freezer runs.
+    assert ExtenderOptions().sync.freeze_after_rebuild

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -352,23 +353,60 @@ def test_refresh_scores_with_the_learned_workload_at_once():
     assert not m.refresh() and m.version == v + 1  # nothing moved since
 
 
-def test_a_rebuild_relearns_the_workload_from_the_listed_pods():
+def _live_pod(**kw: Any) -> tuple[dict, Shape]:
+    """A pod placed by a filter, as a relist lists it (allocation annotations, Running)."""
     from tests.builders import cards, ctr, node, pod
 
     first = ClusterState()
     first.upsert_node(node("n", cards("n", 2)))
-    p = pod(ctr(gpu=1, mem=3000, cores=30))
+    p = pod(ctr(gpu=1, mem=3000, cores=30), **kw)
     out = first.filter(p, ["n"])
     assert out.node == "n"
-    shape = Shape(1, 3000, 0, 30)
-    fresh = ClusterState()
+    meta = {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}}
+    return {**p, "metadata": meta, "status": {"phase": "Running"}}, Shape(1, 3000, 0, 30)
+
+
+def test_a_rebuild_relearns_the_workload_from_the_listed_pods():
+    from tests.builders import cards, node
+
+    live, shape = _live_pod()
+    fresh = frag_state()
     assert shape not in fresh.fragmentation.active  # the prior only
-    live = {
-        **p,
-        "metadata": {**p["metadata"], "annotations": {**p["metadata"]["annotations"], **out.annotations}},
-    }
-    fresh.rebuild([node("n", cards("n", 2))], [{**live, "status": {"phase": "Running"}}])
+    fresh.rebuild([node("n", cards("n", 2))], [live])
     assert fresh.fragmentation.active[shape] > 0.5  # one live pod outweighs the prior of 8
+
+
+def test_no_fragmentation_policy_learns_nothing_until_a_pod_asks_for_it(monkeypatch):
+    from tests.builders import cards, ctr, node, pod
+
+    live, shape = _live_pod()
+    state = ClusterState()  # binpack / spread: nothing reads the learned workload
+    assert not state.learning
+    parsed: list[str] = []
+    monkeypatch.setattr(state, "_learn", lambda p, uid: parsed.append(uid))
+    state.rebuild([node("n", cards("n", 2))], [live])
+    assert parsed == [] and shape not in state.fragmentation.active
+    # A pod of its own fragmentation policy: learning starts there, with that pod.
+    asks = pod(ctr(gpu=1, mem=5000, cores=10), annotations={A.NODE_SCHEDULER_POLICY: "fragmentation"})
+    assert state.filter(asks, ["n"]).node == "n"
+    assert state.learning and state.fragmentation.histogram.observed == 1
+    other = pod(ctr(gpu=1, mem=3000, cores=30))
+    state.filter(other, ["n"])
+    assert state.fragmentation.histogram.observed == 2
+
+
+def test_a_relist_does_not_parse_the_pods_it_already_counted(monkeypatch):
+    from tests.builders import cards, node
+
+    live, _ = _live_pod()
+    state = frag_state()
+    state.rebuild([node("n", cards("n", 2))], [live])
+    assert state.fragmentation.seen(live["metadata"]["uid"])
+    calls: list[str] = []
+    real = state.pod_requests
+    monkeypatch.setattr(state, "pod_requests", lambda p: calls.append(p["metadata"]["uid"]) or real(p))
+    state.rebuild([node("n", cards("n", 2))], [live])
+    assert calls == []
 
 
 # ----------------------------------------------------------------------------------------------

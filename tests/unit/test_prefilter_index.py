@@ -128,3 +128,20 @@ def test_all_nodes_asked_duplicates_and_unknown_names_give_prefilters_answer():
             n.name for n in prefilter(nodes, names, need, want)
         ]
         assert got == want, names
+
+
+def test_a_demand_asked_again_with_a_share_of_the_nodes_keeps_verdicts():
+    # kube-scheduler names a rotating share of the nodes (40 % of 1213): a demand asked for twice gets
+    # verdicts over every node, so later asks are set lookups; the simulator's best few never do.
+    nodes = {f"n{i}": make(f"n{i}", 1, "NVIDIA") for i in range(8)}
+    need = {"NVIDIA": (Need(1, 500, 0, 0, ()),)}
+    index = VerdictIndex()
+    index.candidates(nodes, ["n0"], need, {})
+    index.candidates(nodes, ["n1"], need, {})
+    assert len(index._by_key) == 0  # one name of eight: judged alone, every time
+    failed: dict[str, str] = {}
+    got = index.candidates(nodes, ["n3", "n4", "n5"], need, failed)  # a quarter, asked for before
+    assert len(index._by_key) == 1 and [n.name for n in got] == ["n3", "n4", "n5"] and failed == {}
+    other = {"NVIDIA": (Need(1, 600, 0, 0, ()),)}
+    index.candidates(nodes, ["n0", "n1", "n2"], other, {})
+    assert len(index._by_key) == 1  # a demand's first ask: judged alone
