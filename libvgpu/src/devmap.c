@@ -106,5 +106,28 @@ int vgpu_current_rdev(void) {
     return vgpu_rdev_of_cuda((int)dev);
 }
 
+CUcontext vgpu_stream_other_ctx(void *stream, CUcontext *cur) {
+    uintptr_t s = (uintptr_t)stream;
+    CUcontext c = NULL;
+    *cur = NULL;
+    CALL_REAL(CUresult(*)(CUcontext *), cuCtxGetCurrent, cur);
+    if (s == 0 || s == 0x1 || s == 0x2) return NULL; /* CU_STREAM_LEGACY, CU_STREAM_PER_THREAD */
+    if (CALL_REAL(CUresult(*)(CUstream, CUcontext *), cuStreamGetCtx, (CUstream)stream, &c) != CUDA_SUCCESS) return NULL;
+    return c && c != *cur ? c : NULL;
+}
+
+int vgpu_stream_cudev(void *stream) {
+    typedef CUresult (*getdev_t)(CUdevice *);
+    CUcontext cur, other = vgpu_stream_other_ctx(stream, &cur);
+    CUdevice dev = -1;
+    if (other) { /* the other context's device: made current for one question, then given back */
+        CALL_REAL(CUresult(*)(CUcontext), cuCtxSetCurrent, other);
+        CUresult rc = CALL_REAL(getdev_t, cuCtxGetDevice, &dev);
+        CALL_REAL(CUresult(*)(CUcontext), cuCtxSetCurrent, cur);
+        if (rc == CUDA_SUCCESS) return (int)dev;
+    }
+    return CALL_REAL(getdev_t, cuCtxGetDevice, &dev) == CUDA_SUCCESS ? (int)dev : -1;
+}
+
 static void devmap_after_fork(void) { pthread_mutex_init(&map_mu, NULL); }
 __attribute__((constructor)) static void devmap_register_fork(void) { vgpu_on_fork_child(devmap_after_fork); }

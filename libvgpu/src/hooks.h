@@ -35,7 +35,8 @@
     X(cuMulticastCreate) X(cuMulticastBindMem) X(cuMulticastBindAddr) X(cuMulticastUnbind) \
     X(cuMemGetInfo) X(cuMemGetInfo_v2) X(cuDeviceTotalMem) X(cuDeviceTotalMem_v2) \
     X(cuLaunchKernel) X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) \
-    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) \
+    X(cuLaunchCooperativeKernel) X(cuLaunchCooperativeKernel_ptsz) X(cuLaunchCooperativeKernelMultiDevice) \
+    X(cuLaunch) X(cuLaunchGrid) X(cuLaunchGridAsync) \
     X(cuGraphLaunch) X(cuGraphLaunch_ptsz) \
     X(cuCtxSynchronize) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz) X(cuEventSynchronize) \
     X(cuStreamDestroy) X(cuStreamDestroy_v2) \
@@ -56,7 +57,7 @@
     R(cuMemGetAllocationPropertiesFromHandle) \
     R(cuGraphGetNodes) R(cuGraphNodeGetType) R(cuGraphMemAllocNodeGetParams) R(cuGraphChildGraphNodeGetGraph) \
     R(cuCtxGetLimit) R(cuDeviceGetAttribute) R(cuMemGetAddressRange_v2) R(cuPointerGetAttribute) \
-    R(cuStreamQuery) R(cuCtxSetCurrent) R(cuThreadExchangeStreamCaptureMode)
+    R(cuStreamQuery) R(cuStreamGetCtx) R(cuCtxSetCurrent) R(cuThreadExchangeStreamCaptureMode)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

@@ -6,6 +6,7 @@
  */
 #include <cuda.h>
 #include <stdatomic.h>
+#include "devmap.h"
 #include "graphmem.h"
 #include "pools.h"
 #include "real.h"
@@ -35,6 +36,8 @@ typedef CUresult (*launch_ex_t)(const CUlaunchConfig *, CUfunction, void **, voi
 typedef CUresult (*coop_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                            CUstream, void **);
 typedef CUresult (*graph_t)(CUgraphExec, CUstream);
+typedef CUresult (*multi_t)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned);
+typedef CUresult (*grid_async_t)(CUfunction, int, int, CUstream);
 
 VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
@@ -76,6 +79,47 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, u
     PACE_PT(s);
     CUresult rc = CALL_REAL(coop_t, cuLaunchCooperativeKernel_ptsz, f, gx, gy, gz, bx, by, bz, shm, s, params);
     LAUNCHED();
+    return rc;
+}
+/* The deprecated entry points (still in CUDA 13's cuda.h) launch kernels too: without these hooks
+ * a program that launched that way was never measured nor paced. cuLaunch and cuLaunchGrid run on
+ * the legacy default stream. */
+VGPU_EXPORT CUresult cuLaunch(CUfunction f) {
+    PACE(NULL);
+    CUresult rc = CALL_REAL(CUresult(*)(CUfunction), cuLaunch, f);
+    LAUNCHED();
+    return rc;
+}
+VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    PACE(NULL);
+    CUresult rc = CALL_REAL(CUresult(*)(CUfunction, int, int), cuLaunchGrid, f, w, h);
+    LAUNCHED();
+    return rc;
+}
+VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    PACE(s);
+    CUresult rc = CALL_REAL(grid_async_t, cuLaunchGridAsync, f, w, h, s);
+    LAUNCHED();
+    return rc;
+}
+/* One kernel per listed device, each on its own device's stream: each is paced on its own card,
+ * with the stream's context current meanwhile (the limiter's drain synchronises that context and
+ * notes the stream there). The launches paced before the last are still counted in flight at
+ * its drain, so that drain never counts as having emptied the queue (charged as busy: the safe
+ * side). Returns how many launches entered the limiter. */
+static unsigned pace_each(const CUDA_LAUNCH_PARAMS *list, unsigned n) {
+    for (unsigned i = 0; i < n; i++) {
+        CUcontext cur, other = vgpu_stream_other_ctx(list[i].hStream, &cur);
+        if (other) CALL_REAL(CUresult(*)(CUcontext), cuCtxSetCurrent, other);
+        vgpu_sm_before_launch((void *)list[i].hStream, 0);
+        if (other) CALL_REAL(CUresult(*)(CUcontext), cuCtxSetCurrent, cur);
+    }
+    return n;
+}
+VGPU_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned n, unsigned flags) {
+    unsigned paced = VGPU_UNLIKELY(vgpu_sm_state != SM_NONE) && list ? pace_each(list, n) : 0;
+    CUresult rc = CALL_REAL(multi_t, cuLaunchCooperativeKernelMultiDevice, list, n, flags);
+    if (VGPU_UNLIKELY(vgpu_sm_state == SM_ACTIVE)) atomic_fetch_add(&vgpu_launches_done, paced);
     return rc;
 }
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {

@@ -141,15 +141,15 @@ static int capturing(CUstream s) {
 }
 
 /* Stream-ordered allocations are charged through their pool's model (pools.c): memory the pool
- * keeps after frees stays charged until a synchronisation or cuMemPoolTrimTo releases it. */
+ * keeps after frees stays charged until a synchronisation or cuMemPoolTrimTo releases it. The
+ * device is the stream's (cuMemAllocAsync takes the memory from the current pool of the stream's
+ * device, whichever context is current); a pool made on a device is charged to that device. */
 #define POOL_ALLOC_BODY(api, bytes, poolh, realcall)                                           \
     do {                                                                                       \
-        CUdevice d_;                                                                           \
-        int rdev_ = -1, pidx_ = -1;                                                            \
+        int d_ = -1, rdev_ = -1, pidx_ = -1;                                                   \
         uint64_t grown_ = 0;                                                                   \
         if (capturing(s)) return (realcall); /* a graph node: charged at instantiation */      \
-        if (CALL_REAL(CUresult(*)(CUdevice *), cuCtxGetDevice, &d_) == CUDA_SUCCESS)            \
-            rdev_ = vgpu_rdev_of_cuda((int)d_);                                                \
+        if ((d_ = vgpu_stream_cudev(s)) >= 0) rdev_ = vgpu_rdev_of_cuda(d_);                   \
         if (rdev_ >= 0) {                                                                      \
             pidx_ = vgpu_pool_charge(rdev_, (poolh), (bytes), &grown_);                        \
             if (pidx_ == -2) { log_oom(rdev_, (bytes), api); return CUDA_ERROR_OUT_OF_MEMORY; } \
@@ -167,13 +167,13 @@ static int capturing(CUstream s) {
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
     typedef CUresult (*fn)(CUdeviceptr *, size_t, CUstream);
     if (off() || !dptr) return CALL_REAL(fn, cuMemAllocAsync, dptr, bytes, s);
-    POOL_ALLOC_BODY("cuMemAllocAsync", bytes, vgpu_device_pool((int)d_), CALL_REAL(fn, cuMemAllocAsync, dptr, bytes, s));
+    POOL_ALLOC_BODY("cuMemAllocAsync", bytes, vgpu_device_pool(d_), CALL_REAL(fn, cuMemAllocAsync, dptr, bytes, s));
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s) {
     typedef CUresult (*fn)(CUdeviceptr *, size_t, CUstream);
     if (off() || !dptr) return CALL_REAL(fn, cuMemAllocAsync_ptsz, dptr, bytes, s);
-    POOL_ALLOC_BODY("cuMemAllocAsync_ptsz", bytes, vgpu_device_pool((int)d_),
+    POOL_ALLOC_BODY("cuMemAllocAsync_ptsz", bytes, vgpu_device_pool(d_),
                     CALL_REAL(fn, cuMemAllocAsync_ptsz, dptr, bytes, s));
 }
 

@@ -44,6 +44,7 @@ static uint64_t fake_exec_bytes(CUgraphExec e, int dev);
 static CUarray fake_sparse_array(void);
 static int fake_sparse_destroy(CUarray a);
 static int ipc_exporter_frees(int i);
+static int stream_dev(CUstream s);
 #define FAKE_IPC_WIN 0x10000000000ull
 #define FAKE_IPC_STRIDE 0x100000000ull
 
@@ -465,8 +466,8 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int b) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = (unsigned)k; return r; }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t b, unsigned f) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); if (captured_alloc(s, b, p)) return CUDA_SUCCESS; uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); if (captured_alloc(s, b, p)) return CUDA_SUCCESS; uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); if (captured_alloc(s, b, p)) return CUDA_SUCCESS; uint64_t k; CUresult r = phys_alloc(stream_dev(s), b, &k); if (!r) *p = k; return r; }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t b, CUstream s) { COUNT(); NEED_INIT(); if (captured_alloc(s, b, p)) return CUDA_SUCCESS; uint64_t k; CUresult r = phys_alloc(stream_dev(s), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t b, CUmemoryPool pl, CUstream s) { COUNT(); NEED_INIT(); uint64_t k; CUresult r = phys_alloc(CUR(), b, &k); if (!r) *p = k; return r; }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
@@ -657,11 +658,11 @@ static int stream_slot(int phys, uintptr_t s, int add) {
         if (!stream_tag[phys][i].s) { stream_tag[phys][i].s = s; return i; }
     return -1;
 }
-static void enqueue_on(CUstream stream) {
+static void enqueue_on(int dev, CUstream stream) {
     const char *s = getenv("FAKE_KERNEL_US");
     uint64_t d = s ? strtoull(s, NULL, 10) * 1000 : 0;
-    if (!d || cur_dev < 0) return;
-    int phys = visible[cur_dev];
+    if (!d || dev < 0 || dev >= nvisible) return;
+    int phys = visible[dev];
     fake_engine_t *e = &fake_phys()->engine[phys];
     int32_t me = (int32_t)getpid();
     engine_lock(e);
@@ -685,7 +686,7 @@ static void enqueue_on(CUstream stream) {
     engine_unlock(e);
     atomic_fetch_add(&busy_total, d);
 }
-static void enqueue(void) { enqueue_on(NULL); }
+static void enqueue(void) { enqueue_on(cur_dev, NULL); }
 EXPORT uint64_t fake_busy_ns(void) { return atomic_load(&busy_total); }
 /* Wall time this process has had work queued, summed over the cards, ns: the time in which it
  * fed the card (its busy time is the card's time it got meanwhile). */
@@ -767,12 +768,23 @@ EXPORT CUresult cuStreamQuery(CUstream s) {
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) { COUNT(); *m = CU_STREAM_CAPTURE_MODE_GLOBAL; return CUDA_SUCCESS; }
 /* ---- end of the idle watcher's section ---- */
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
-EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue_on(s); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchKernel(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue_on(cur_dev, s); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernel_ptsz(LAUNCH_ARGS, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchCooperativeKernel(LAUNCH_ARGS, void **p) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(LAUNCH_ARGS, void **p) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+/* The deprecated entry points: cuLaunch and cuLaunchGrid on the legacy stream; the multi-device
+ * launch queues one kernel on each listed stream's device. */
+EXPORT CUresult cuLaunch(CUfunction f) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) { COUNT(); NEED_INIT(); enqueue(); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) { COUNT(); NEED_INIT(); enqueue_on(stream_dev(s), s); return CUDA_SUCCESS; }
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *l, unsigned n, unsigned f) {
+    COUNT(); NEED_INIT();
+    if (!l || !n) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++) enqueue_on(stream_dev(l[i].hStream), l[i].hStream);
+    return CUDA_SUCCESS;
+}
 /* Graph memory: launching or uploading a graph reserves FAKE_GRAPH_MIB (default 0) in the
  * device's graph pool, kept until cuDeviceGraphMemTrim. */
 static uint64_t graph_reserved[FAKE_MAX_DEV];
@@ -809,6 +821,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags);
 typedef struct { const char *name; void *fn; int min_ver; } proc_t;
 #define P(n, v) {#n, (void *)n, v}
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* the deprecated launches are entries too */
 static const proc_t procs[] = {
     P(cuInit, 2000), P(cuDriverGetVersion, 2020), P(cuDeviceGetCount, 2000), P(cuDeviceGet, 2000),
     P(cuDeviceGetUuid, 9020), P(cuDeviceGetUuid_v2, 11040), P(cuCtxGetDevice, 2000), P(cuCtxSetCurrent, 4000),
@@ -822,6 +836,7 @@ static const proc_t procs[] = {
     P(cuMemPrefetchAsync, 8000), P(cuMemPrefetchAsync_v2, 12020),
     P(cuLaunchKernel, 4000), P(cuLaunchKernel_ptsz, 7000), P(cuLaunchKernelEx, 11060), P(cuLaunchKernelEx_ptsz, 11060),
     P(cuLaunchCooperativeKernel, 9000), P(cuLaunchCooperativeKernel_ptsz, 9000), P(cuGraphLaunch, 10000),
+    P(cuLaunch, 2000), P(cuLaunchGrid, 2000), P(cuLaunchGridAsync, 2000), P(cuLaunchCooperativeKernelMultiDevice, 9000),
     P(cuGraphLaunch_ptsz, 10000), P(cuGraphUpload, 11010), P(cuDeviceGetGraphMemAttribute, 11040),
     P(cuDeviceGraphMemTrim, 11040), P(cuGetProcAddress, 11030), P(cuGetProcAddress_v2, 12000),
     P(cuCtxCreate, 2000), P(cuCtxCreate_v2, 3020), P(cuCtxCreate_v3, 11040), P(cuCtxCreate_v4, 12050),
@@ -836,6 +851,7 @@ static const proc_t procs[] = {
     P(cuMemPoolCreate, 11020), P(cuMemPoolDestroy, 11020), P(cuMemPoolTrimTo, 11020), P(cuMemPoolSetAttribute, 11020),
     FAKE_ESCAPE_PROCS
 };
+#pragma GCC diagnostic pop
 static const proc_t *find_proc(const char *name) {
     for (size_t i = 0; i < sizeof procs / sizeof procs[0]; i++)
         if (!strcmp(procs[i].name, name)) return &procs[i];

@@ -385,15 +385,53 @@ static uint64_t fake_exec_bytes(CUgraphExec e, int dev) {
     return fexecs[k].bytes[dev];
 }
 
-/* Streams: handles only; a capturing stream records cuMemAllocAsync as allocation nodes. */
+/* Streams: handles, each in the context current when it was made (its work and its
+ * cuMemAllocAsync memory go to that context's device); a capturing stream records
+ * cuMemAllocAsync as allocation nodes. */
 static _Atomic int next_stream;
 static struct { uintptr_t s; int graph; } captures[16];
+static struct { uintptr_t s, ctx; } stream_ctx[64];
+static pthread_mutex_t smu = PTHREAD_MUTEX_INITIALIZER;
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int f) {
     COUNT(); NEED_INIT();
+    if (!cur_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     *s = (CUstream)(0x800000 + ((uintptr_t)++next_stream << 4));
+    pthread_mutex_lock(&smu);
+    for (int i = 0; i < 64; i++)
+        if (!stream_ctx[i].s) { stream_ctx[i].s = (uintptr_t)*s; stream_ctx[i].ctx = cur_ctx; break; }
+    pthread_mutex_unlock(&smu);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamDestroy_v2(CUstream s) { COUNT(); NEED_INIT(); return CUDA_SUCCESS; }
+/* The context of an explicit stream (0 when unknown); the NULL, legacy and per-thread streams
+ * are the current context's. */
+static uintptr_t ctx_of_stream(CUstream s) {
+    uintptr_t v = (uintptr_t)s, c = 0;
+    if (v == 0 || v == 0x1 || v == 0x2) return cur_ctx;
+    pthread_mutex_lock(&smu);
+    for (int i = 0; i < 64; i++)
+        if (stream_ctx[i].s == v) c = stream_ctx[i].ctx;
+    pthread_mutex_unlock(&smu);
+    return c;
+}
+static int stream_dev(CUstream s) {
+    uintptr_t c = ctx_of_stream(s);
+    return c ? (int)(c & 0xf) : cur_dev;
+}
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
+    COUNT(); NEED_INIT();
+    uintptr_t v = ctx_of_stream(s);
+    if (!v) return (uintptr_t)s > 0x2 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_CONTEXT;
+    *c = (CUcontext)v;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    COUNT(); NEED_INIT();
+    pthread_mutex_lock(&smu);
+    for (int i = 0; i < 64; i++)
+        if (s && stream_ctx[i].s == (uintptr_t)s) stream_ctx[i].s = 0;
+    pthread_mutex_unlock(&smu);
+    return CUDA_SUCCESS;
+}
 static int capture_of(CUstream s) {
     for (int i = 0; i < 16; i++)
         if (s && captures[i].s == (uintptr_t)s) return i;
@@ -539,7 +577,7 @@ EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemP
     P(cuGraphNodeGetType, 10000), P(cuGraphMemAllocNodeGetParams, 11040), P(cuGraphChildGraphNodeGetGraph, 10000), \
     P(cuGraphInstantiate, 10000), P(cuGraphInstantiate_v2, 11000), P(cuGraphInstantiateWithFlags, 11040), \
     P(cuGraphInstantiateWithParams, 12000), P(cuGraphInstantiateWithParams_ptsz, 12000), \
-    P(cuGraphExecDestroy, 10000), P(cuStreamCreate, 2000), P(cuStreamBeginCapture_v2, 10010), \
+    P(cuGraphExecDestroy, 10000), P(cuStreamCreate, 2000), P(cuStreamGetCtx, 9020), P(cuStreamBeginCapture_v2, 10010), \
     P(cuStreamEndCapture, 10000), P(cuStreamIsCapturing, 10000), P(cuCtxSetLimit, 3010), P(cuCtxGetLimit, 3010), \
     P(cuDeviceGetAttribute, 2000), P(cuMemGetAddressRange_v2, 3020), P(cuMemPoolExportPointer, 11020), \
     P(cuMemPoolImportPointer, 11020), P(cuMemMapArrayAsync, 11010), \

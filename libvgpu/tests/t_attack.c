@@ -15,6 +15,13 @@
  *   pool_on <dev> <bytes>     cuMemPoolCreate on device <dev>, then cuMemAllocFromPoolAsync from it
  *                             with the context of device 0 current (the driver takes the memory on
  *                             <dev>); prints "pool_on <CUresult>"
+ *   legacy <entry> <door>     one launch through a deprecated entry point (cuLaunch, cuLaunchGrid,
+ *                             cuLaunchGridAsync on a stream, or multi: cuLaunchCooperativeKernelMultiDevice
+ *                             on a stream of device 0 and one of device 1), the function found by
+ *                             <door>: sym (the process's own symbol), dlsym (a libcuda handle) or
+ *                             procaddr (cuGetProcAddress_v2 at CUDA 13.0); prints "legacy <CUresult>"
+ *   async_on <dev> <bytes>    cuMemAllocAsync on a stream made on device <dev>, with the context of
+ *                             device 0 current (the driver takes the memory on <dev>)
  *   deep <path> <bytes>       dlopen(<path>, RTLD_DEEPBIND) of a library linked against libcuda and
  *                             calls its deep_alloc(bytes) (a cuMemAlloc_v2 of its own)
  *   exit_hold                 registers an exit handler that outlives the library's: after
@@ -55,6 +62,48 @@ static CUresult through(void *h, uint64_t bytes) {
     if (!r) r = retain(&c, 0);
     if (!r) r = setcur(c);
     return r ? r : call_alloc(alloc, bytes);
+}
+
+/* The primary context of device `ord` made current. */
+static CUresult use_device(int ord) {
+    CUcontext c;
+    CUresult r = cuDevicePrimaryCtxRetain(&c, ord);
+    return r ? r : cuCtxSetCurrent(c);
+}
+
+/* A stream made on device `ord`; device 0's context is current afterwards. */
+static CUresult stream_on(int ord, CUstream *s) {
+    CUresult r = use_device(ord);
+    if (!r) r = cuStreamCreate(s, 0);
+    return r ? r : use_device(0);
+}
+
+static void *find_entry(const char *name, const char *door) {
+    void *fn = NULL;
+    if (!strcmp(door, "sym")) fn = dlsym(RTLD_DEFAULT, name);
+    else if (!strcmp(door, "dlsym")) fn = dlsym(dlopen("libcuda.so.1", RTLD_NOW), name);
+    else if (cuGetProcAddress_v2(name, &fn, 13000, 0, NULL) != CUDA_SUCCESS) fn = NULL;
+    return fn;
+}
+
+static CUresult legacy_launch(const char *entry, const char *door) {
+    const char *name = !strcmp(entry, "multi") ? "cuLaunchCooperativeKernelMultiDevice" : entry;
+    void *fn = find_entry(name, door);
+    CUstream s[2] = {NULL, NULL};
+    CUresult r = CUDA_SUCCESS;
+    if (!strcmp(entry, "cuLaunchGridAsync") || !strcmp(entry, "multi")) r = stream_on(0, &s[0]);
+    if (!r && !strcmp(entry, "multi")) r = stream_on(1, &s[1]);
+    if (r || !fn) return r ? r : CUDA_ERROR_NOT_FOUND;
+    if (!strcmp(entry, "cuLaunch")) return ((CUresult(*)(CUfunction))fn)(NULL);
+    if (!strcmp(entry, "cuLaunchGrid")) return ((CUresult(*)(CUfunction, int, int))fn)(NULL, 1, 1);
+    if (!strcmp(entry, "cuLaunchGridAsync")) return ((CUresult(*)(CUfunction, int, int, CUstream))fn)(NULL, 1, 1, s[0]);
+    CUDA_LAUNCH_PARAMS l[2];
+    memset(l, 0, sizeof l);
+    for (int k = 0; k < 2; k++) {
+        l[k].gridDimX = l[k].gridDimY = l[k].gridDimZ = l[k].blockDimX = l[k].blockDimY = l[k].blockDimZ = 1;
+        l[k].hStream = s[k];
+    }
+    return ((CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))fn)(l, 2, 0);
 }
 
 static void outlive(void) {
@@ -106,6 +155,14 @@ int main(int argc, char **argv) {
             r = cuMemPoolCreate(&pool, &props);
             if (!r) r = cuMemAllocFromPoolAsync(&p, tu_size(ARG(2)), pool, NULL);
             OUT("pool_on %d", r); i += 2;
+        } else if (!strcmp(op, "legacy")) {
+            OUT("legacy %d", legacy_launch(ARG(1), ARG(2))); i += 2;
+        } else if (!strcmp(op, "async_on")) {
+            CUstream s = NULL;
+            CUdeviceptr p;
+            r = stream_on(atoi(ARG(1)), &s);
+            if (!r) r = cuMemAllocAsync(&p, tu_size(ARG(2)), s);
+            OUT("async_on %d", r); i += 2;
         } else if (!strcmp(op, "deep")) {
             void *h = dlopen(ARG(1), RTLD_NOW | RTLD_DEEPBIND);
             CUresult (*fn)(size_t) = h ? (CUresult(*)(size_t))dlsym(h, "deep_alloc") : NULL;

@@ -26,6 +26,9 @@ PROCADDR = [
     ("cuMemAllocAsync", "12000", PTDS, "libvgpu.so:cuMemAllocAsync_ptsz"),
     ("cuMemFreeAsync", "12000", "0", "libvgpu.so:cuMemFreeAsync"),
     ("cuGraphLaunch", "12000", PTDS, "libvgpu.so:cuGraphLaunch_ptsz"),
+    ("cuLaunch", "12000", "0", "libvgpu.so:cuLaunch"),  # deprecated, still launches kernels
+    ("cuLaunchGridAsync", "13000", PTDS, "libvgpu.so:cuLaunchGridAsync"),  # no _ptsz: the one function
+    ("cuLaunchCooperativeKernelMultiDevice", "12000", "0", "libvgpu.so:cuLaunchCooperativeKernelMultiDevice"),
     ("cuGetProcAddress", "12000", "0", "libvgpu.so:cuGetProcAddress_v2"),
     ("cuGetProcAddress", "11030", "0", "libvgpu.so:cuGetProcAddress"),
     # not wrapped: the driver's exact answer, version honoured

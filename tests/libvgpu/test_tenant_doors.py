@@ -281,3 +281,47 @@ class TestCardsByUuid:
         r = cli.run("init", "alloc", "1", env={"FAKE_GPU_COUNT": "2"})
         assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]
         assert "is not one of the container's cards" in r.stderr
+
+
+def _busy_by_card(cli) -> dict[str, int]:
+    """Busy time the compute limiter charged per card (device UUID -> ns)."""
+    return {d.uuid: d.busy_ns_total for d in read_region(cli.cache).devices if d.uuid}
+
+
+CARD0, CARD1 = "GPU-face0000-0000-0000-0000-000000000000", "GPU-face0001-0000-0000-0000-000000000000"
+SM = {"CUDA_DEVICE_SM_LIMIT": "50", "FAKE_KERNEL_US": "1000", "FAKE_GPU_COUNT": "2"}
+
+
+@pytest.mark.parametrize("door", ["sym", "dlsym", "procaddr"])
+@pytest.mark.parametrize("entry", ["cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync"])
+def test_deprecated_launches_go_through_the_compute_limiter(cli, entry, door):
+    """cuLaunch, cuLaunchGrid and cuLaunchGridAsync launch kernels too: unhooked, a program that
+    launched that way was never measured nor paced. One launch opens a slice that the exit closes,
+    charging its busy time to the card (no share asserted: only that the limiter saw the launch)."""
+    r = attack(cli, "init", "legacy", entry, door, env=SM)
+    assert r.codes("legacy") == [CUDA_SUCCESS]
+    busy = _busy_by_card(cli)
+    assert busy[CARD0] > 0
+
+
+@pytest.mark.parametrize("door", ["sym", "dlsym", "procaddr"])
+def test_a_multi_device_launch_is_paced_on_every_card(cli, door):
+    """cuLaunchCooperativeKernelMultiDevice runs one kernel on each listed stream's card: each card's
+    limiter sees its launch, not only the calling context's card."""
+    r = attack(cli, "init", "legacy", "multi", door, env=SM)
+    assert r.codes("legacy") == [CUDA_SUCCESS]
+    busy = _busy_by_card(cli)
+    assert busy.keys() == {CARD0, CARD1}
+    assert busy[CARD0] > 0 and busy[CARD1] > 0
+
+
+def test_an_async_allocation_is_charged_to_its_streams_card(cli):
+    """cuMemAllocAsync takes its memory from the current pool of the stream's card: charged to the
+    calling context's card 0, a two-card container filled card 1 past its limit from card 0."""
+    env = {"FAKE_GPU_COUNT": "2", "CUDA_DEVICE_MEMORY_LIMIT_0": "64m", "CUDA_DEVICE_MEMORY_LIMIT_1": "64m"}
+    r = attack(cli, "init", "async_on", "1", "60m", "alloc", "60m", "async_on", "1", "8m", env=env)
+    assert r.codes("async_on") == [CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY]  # card 1 is full
+    assert r.codes("alloc") == [CUDA_SUCCESS]  # card 0 holds nothing yet
+    region = read_region(cli.cache)
+    used = {d.uuid: sum(s.used[i] for s in region.slots) for i, d in enumerate(region.devices) if d.uuid}
+    assert used == {CARD0: 60 * MIB, CARD1: 60 * MIB}
