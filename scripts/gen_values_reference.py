@@ -65,14 +65,27 @@ def lookup(values: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+#: A default longer than this (as JSON) is not spelled out in the table, where it would fill a screen.
+LONG_DEFAULT = 200
+
+
+def default_cell(value: Any) -> str:
+    """The Default column: the value as JSON, or for a long list or map how many entries it has and
+    where it is written in full."""
+    text = json.dumps(value)
+    if len(text) <= LONG_DEFAULT:
+        return f"`{text}`"
+    what = "a list of" if isinstance(value, list) else "a map of"
+    return f"{what} {len(value)} entries (in full in [values.yaml](../helm/hami/values.yaml))"
+
+
 def table() -> str:
     text = VALUES.read_text()
     values = yaml.safe_load(text)
     rows = ["| Key | Default | Description |", "|---|---|---|"]
     for key, desc in documented_keys(text):
-        default = json.dumps(lookup(values, key))
         cell = desc.replace("|", "\\|")
-        rows.append(f"| `{key}` | `{default}` | {cell} |")
+        rows.append(f"| `{key}` | {default_cell(lookup(values, key))} | {cell} |")
     return "\n".join(rows)
 
 

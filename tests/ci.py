@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -56,8 +55,3 @@ def skip_unless(condition: bool, reason: str) -> pytest.MarkDecorator:
     """A mark that skips while `condition` is false, except under CI=true (the test then runs and fails)."""
     return pytest.mark.skipif(not condition and not CI, reason=reason)
 
-
-def only_on_python(version: tuple[int, int], reason: str) -> pytest.MarkDecorator:
-    """A mark that skips on any Python but `version` (major, minor), under CI=true too: a layout that
-    differs between Python versions is not something an install step can provide."""
-    return pytest.mark.skipif(sys.version_info[:2] != version, reason=reason)
