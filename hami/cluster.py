@@ -317,6 +317,14 @@ class ClusterState(ClusterQueries, PolicyScoring, ClusterPreemption):
                     self._set_cpu(uid, None, 0)
                 return
             rec = self._pods.get(uid)
+            if not node and decided is None and rec is not None and not rec.reserved:
+                if not objects.spec(pod).get("nodeName"):
+                    # Counted from its annotations alone and not bound: the allocation was cleared (a
+                    # re-filter found no fit; the event that cleared it can follow a late event of the
+                    # placement it undid). A bound pod keeps its count: its cards were handed out.
+                    self._drop_record(uid)
+                    self._set_cpu(uid, None, 0)
+                return
             if not node and (decided is None or rec is None or rec.reserved):
                 if uid not in self._pods:
                     self._nominated(pod)  # a pending preemptor keeps the cards it was nominated for
