@@ -167,12 +167,22 @@ class BindVerbs(VerbState):
             queues.leave(waiter, keep_place=gave_up)
 
     def _takes_lock(self, a: BindArgs) -> bool:
-        """Whether this bind takes the node lock: False only for a watched pod of this UID whose
-        devices' plugins take none (the safe side when the pod is not in the watch cache)."""
-        cached = self.pod_lookup(a.pod_namespace, a.pod_name)
-        if cached is None or (a.pod_uid and (cached.get("metadata") or {}).get("uid") != a.pod_uid):
+        """Whether this bind takes the node lock (`_lock_needed` on the watched copy of the pod)."""
+        return self._lock_needed(self.pod_lookup(a.pod_namespace, a.pod_name), a.pod_uid, a.node)
+
+    def _lock_needed(self, cached: dict[str, Any] | None, uid: str, node: str) -> bool:
+        """Whether binding pod `uid` to `node` takes the node lock: False only for a pod whose devices'
+        plugins take none, read from `cached` (the watched copy) when it is this UID's, or while the
+        watch has not delivered the pod yet, from this process's own filter decision for `node` (a
+        lock taken for such a pod is never released: the node's next bind waits for its expiry).
+        True without either (the safe side)."""
+        if cached is not None and (not uid or (cached.get("metadata") or {}).get("uid") == uid):
+            return pod_takes_node_lock(cached, self.state.vendors)
+        decided = self.state.decision(uid) if uid else None
+        if decided is None or decided[0] != node or not decided[1]:
             return True
-        return pod_takes_node_lock(cached, self.state.vendors)
+        vendors = self.state.vendors
+        return any(vendors[v].uses_node_lock if v in vendors else True for v in decided[1])
 
     async def _await_turn(self, a: BindArgs, waiter: Any, deadline: float, held: LockHeld | None) -> None:
         """Wait for `waiter`'s turn; raise the bind's failure when the wait ends without one."""
@@ -260,7 +270,7 @@ class BindVerbs(VerbState):
         if self.client is None:
             return
         try:
-            if pod_takes_node_lock(cached, self.state.vendors):
+            if self._lock_needed(cached, uid, node):
                 # The stamp tells the device plugin which pod UID and which allocation the lock is for.
                 decided = self.state.decided_allocations(uid) if uid else {}
                 await self._lock_node(

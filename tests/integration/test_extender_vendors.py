@@ -63,6 +63,29 @@ async def test_every_vendor_filters_and_binds_with_its_exact_annotations(
             assert lock is None, (cw, lock)  # its plugin never releases HAMi's lock
 
 
+async def test_a_pod_the_watch_has_not_delivered_yet_takes_the_lock_only_for_lock_vendors(
+    fake_apiserver, extender, session
+) -> None:
+    # Under a slow pod watch, bind comes before the pod is in the watch cache: the filter's own
+    # decision says which plugins serve it. A lock taken for a plugin that never releases it held
+    # the node's next bind until the lock expired.
+    api = fake_apiserver
+    sched = Scheduler(session, extender.url)
+    extender.extender.pod_lookup = lambda _ns, _name: None  # the watch has delivered none of these pods
+    for cw in ("AWSNeuron", "NVIDIA"):
+        name = f"unwatched-{cw.lower()}"
+        p = create_pod(api, pod(name, container("c", ONE_SHARE[cw][0]), uid=None))
+        target = FLEET[cw]["metadata"]["name"]
+        assert (await sched.filter(p, NAMES))["NodeNames"] == [target]
+        assert await sched.bind(p, target) == {"Error": ""}
+        lock = (api.store.get("nodes", target)["metadata"].get("annotations") or {}).get(A.NODE_LOCK)
+        assert VENDORS[cw].uses_node_lock is (cw == "NVIDIA")
+        if cw == "NVIDIA":
+            assert lock is not None and lock.endswith(f",default,{name}")
+        else:
+            assert lock is None, lock
+
+
 async def test_timestamps_written_for_the_vendor_plugins(fake_apiserver, extender, session) -> None:
     api = fake_apiserver
     sched = Scheduler(session, extender.url)
