@@ -5,7 +5,9 @@
  *           an entry point up through that handle would otherwise get the driver's function);
  *   door C: cuGetProcAddress / cuGetProcAddress_v2 (how the CUDA runtime resolves nearly every
  *           entry point, by name, requested CUDA version and per-thread-stream flag).
- * (Door A is plain dynamic linking: the preloaded definitions win by symbol order.)
+ * (Door A is plain dynamic linking: the preloaded definitions win by symbol order. dlopen and
+ * dlmopen keep it the only order: RTLD_DEEPBIND would put a library's own dependencies, libcuda
+ * among them, before the preloaded hooks.)
  *
  * dlsym/dlvsym perform the real lookup first and only swap the answer when it is libcuda's /
  * libnvidia-ml's own definition of a name we hook, so lookups of any other library, misses,
@@ -112,6 +114,49 @@ static void *next_after(void *caller, const char *name, const char *version) {
     return NULL;
 }
 
+/* ---- RTLD_DEEPBIND ---- */
+
+/* glibc's dlopen takes the calling object (whose RUNPATH it searches, whose namespace it loads
+ * into) from its own return address: the wrappers must jump to the real function, not call it. */
+#if defined(__has_attribute)
+#if __has_attribute(musttail)
+#define VGPU_TAIL __attribute__((musttail))
+#endif
+#endif
+#ifndef VGPU_TAIL
+#ifndef __OPTIMIZE__
+#error "without musttail the dlopen wrapper is a tail call only when optimised (-O2)"
+#endif
+#define VGPU_TAIL
+#endif
+
+/* Only a DEEPBIND request reads the configuration: dlopen runs early and often. */
+static int no_deepbind(const char *file, int mode) {
+    if (!(mode & RTLD_DEEPBIND) || vgpu_control_disabled()) return mode;
+    VLOG(VLOG_INFO, "dlopen(%s): RTLD_DEEPBIND dropped, the library binds to the preloaded hooks",
+         file ? file : "NULL");
+    return mode & ~RTLD_DEEPBIND;
+}
+
+static void *own_dlopen(const char *file, int mode) {
+    vgpu_dlopen_fn real = vgpu_real_dlopen();
+    if (VGPU_UNLIKELY(!real)) return NULL;
+    mode = no_deepbind(file, mode);
+    VGPU_TAIL return real(file, mode);
+}
+
+static void *own_dlmopen(Lmid_t lmid, const char *file, int mode) {
+    vgpu_dlmopen_fn real = vgpu_real_dlmopen();
+    if (VGPU_UNLIKELY(!real)) return NULL;
+    mode = no_deepbind(file, mode);
+    VGPU_TAIL return real(lmid, file, mode);
+}
+
+/* The exported names are aliases, so the door below can hand out this library's own function even
+ * where the loader bound the name dlopen to the C library's (this library dlopen()ed, not preloaded). */
+VGPU_EXPORT void *dlopen(const char *file, int mode) __attribute__((alias("own_dlopen")));
+VGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode) __attribute__((alias("own_dlmopen")));
+
 static void *do_dlsym(void *handle, const char *name, void *caller);
 static void *do_dlvsym(void *handle, const char *name, const char *version, void *caller);
 static void *own_dlsym(void *handle, const char *name) { return do_dlsym(handle, name, __builtin_return_address(0)); }
@@ -119,16 +164,20 @@ static void *own_dlvsym(void *handle, const char *name, const char *version) {
     return do_dlvsym(handle, name, version, __builtin_return_address(0));
 }
 
-/* The C library's own lookup functions are doors too: dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"),
+/* The C library's own lookup and loading functions are doors too: dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34"),
  * dlsym of a second libc loaded with dlmopen, or glibc's private __libc_dlsym / _dl_sym (older
  * glibc exports them as GLIBC_PRIVATE) hand out a lookup that finds libcuda's functions and never
- * passes through ours. A lookup of one of them that lands outside this library gets ours instead:
+ * passes through ours, and its dlopen (dlsym(RTLD_NEXT, "dlopen") from a library after this one,
+ * dlvsym(RTLD_DEFAULT, "dlopen", "GLIBC_2.34")) keeps RTLD_DEEPBIND. A lookup of one of them that
+ * lands outside this library gets ours instead:
  * same leading parameters (_dl_sym's and _dl_vsym's trailing caller address is not needed, ours
  * takes its own). */
 static void *own_lookup_fn(const char *name) {
     if (!strcmp(name, "dlsym") || !strcmp(name, "__libc_dlsym") || !strcmp(name, "_dl_sym")) return (void *)own_dlsym;
     if (!strcmp(name, "dlvsym") || !strcmp(name, "__libc_dlvsym") || !strcmp(name, "_dl_vsym"))
         return (void *)own_dlvsym;
+    if (!strcmp(name, "dlopen")) return (void *)own_dlopen;
+    if (!strcmp(name, "dlmopen")) return (void *)own_dlmopen;
     return NULL;
 }
 

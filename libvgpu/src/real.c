@@ -1,5 +1,5 @@
 /*
- * real.c - finding the real driver and NVML functions, and the real dlsym/dlvsym.
+ * real.c - finding the real driver and NVML functions, and the real dlsym/dlvsym/dlopen/dlmopen.
  *
  * Why the real dlsym/dlvsym are found by reading the C library's dynamic symbol table: this
  * library exports both names itself (doorhooks.c), so a call to "dlvsym" from here would reach
@@ -21,6 +21,8 @@ typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 static dlsym_fn real_dlsym_fn;
 static dlvsym_fn real_dlvsym_fn;
+static vgpu_dlopen_fn libc_dlopen_fn;
+static vgpu_dlmopen_fn libc_dlmopen_fn;
 
 static uint32_t gnu_hash(const char *s) {
     uint32_t h = 5381;
@@ -90,11 +92,13 @@ static int find_dl(struct dl_phdr_info *info, size_t size, void *arg) {
     if (strncmp(base, "libc.so", 7) && strncmp(base, "libdl.so", 8)) return 0;
     if (!real_dlsym_fn) real_dlsym_fn = (dlsym_fn)elf_lookup(info, "dlsym");
     if (!real_dlvsym_fn) real_dlvsym_fn = (dlvsym_fn)elf_lookup(info, "dlvsym");
-    return real_dlsym_fn && real_dlvsym_fn;
+    if (!libc_dlopen_fn) libc_dlopen_fn = (vgpu_dlopen_fn)elf_lookup(info, "dlopen");
+    if (!libc_dlmopen_fn) libc_dlmopen_fn = (vgpu_dlmopen_fn)elf_lookup(info, "dlmopen");
+    return real_dlsym_fn && real_dlvsym_fn && libc_dlopen_fn && libc_dlmopen_fn;
 }
 
 static void resolve_real_dl(void) {
-    if (!real_dlsym_fn || !real_dlvsym_fn) dl_iterate_phdr(find_dl, NULL);
+    if (!real_dlsym_fn || !real_dlvsym_fn || !libc_dlopen_fn || !libc_dlmopen_fn) dl_iterate_phdr(find_dl, NULL);
 }
 
 __attribute__((constructor)) static void vgpu_ctor(void) {
@@ -111,6 +115,36 @@ void *vgpu_real_dlsym(void *handle, const char *name) {
 void *vgpu_real_dlvsym(void *handle, const char *name, const char *version) {
     if (VGPU_UNLIKELY(!real_dlvsym_fn)) resolve_real_dl();
     return real_dlvsym_fn ? real_dlvsym_fn(handle, name, version) : NULL;
+}
+
+/* The next dlopen after this library (another interposer's, or the C library's), so that a chain of
+ * interposers stays a chain; the C library's own, found by its symbol table, where the loader knows
+ * none (a loader that does not answer RTLD_NEXT for a dlopen()ed copy of this library). Looked up at
+ * first use: another library's constructor may dlopen before this one's runs. */
+vgpu_dlopen_fn vgpu_real_dlopen(void) {
+    static vgpu_dlopen_fn next;
+    vgpu_dlopen_fn f = __atomic_load_n(&next, __ATOMIC_ACQUIRE);
+    if (VGPU_LIKELY(f)) return f;
+    f = (vgpu_dlopen_fn)vgpu_real_dlsym(RTLD_NEXT, "dlopen");
+    if (!f) f = libc_dlopen_fn;
+    __atomic_store_n(&next, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+vgpu_dlmopen_fn vgpu_real_dlmopen(void) {
+    static vgpu_dlmopen_fn next;
+    vgpu_dlmopen_fn f = __atomic_load_n(&next, __ATOMIC_ACQUIRE);
+    if (VGPU_LIKELY(f)) return f;
+    f = (vgpu_dlmopen_fn)vgpu_real_dlsym(RTLD_NEXT, "dlmopen");
+    if (!f) f = libc_dlmopen_fn;
+    __atomic_store_n(&next, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+/* Through the real dlopen: a call by name would reach the one doorhooks.c exports, above this file. */
+static void *open_lib(const char *name, int mode) {
+    vgpu_dlopen_fn f = vgpu_real_dlopen();
+    return f ? f(name, mode) : NULL;
 }
 
 static const char *const cuda_names[H_CUDA_END] = {
@@ -131,8 +165,8 @@ static void *cuda_handle, *nvml_handle;
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nvml_once = PTHREAD_ONCE_INIT;
 
 static void load_cuda(void) {
-    cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!cuda_handle) cuda_handle = dlopen("libcuda.so.1", RTLD_LAZY);
+    cuda_handle = open_lib("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!cuda_handle) cuda_handle = open_lib("libcuda.so.1", RTLD_LAZY);
     if (!cuda_handle) {
         VLOG(VLOG_ERROR, "cannot load libcuda.so.1: %s", dlerror());
     } else {
@@ -142,8 +176,8 @@ static void load_cuda(void) {
 }
 
 static void load_nvml(void) {
-    nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (!nvml_handle) nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_LAZY);
+    nvml_handle = open_lib("libnvidia-ml.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!nvml_handle) nvml_handle = open_lib("libnvidia-ml.so.1", RTLD_LAZY);
     if (!nvml_handle) {
         VLOG(VLOG_INFO, "libnvidia-ml.so.1 not loadable: %s", dlerror());
         return;

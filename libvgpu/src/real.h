@@ -4,6 +4,7 @@
 #ifndef VGPU_REAL_H
 #define VGPU_REAL_H
 
+#include <dlfcn.h>
 #include "hooks.h"
 #include "util.h"
 
@@ -32,6 +33,12 @@ void vgpu_load_real_nvml(void);
 void *vgpu_real_dlsym(void *handle, const char *name);
 /* The real dlvsym. */
 void *vgpu_real_dlvsym(void *handle, const char *name, const char *version);
+/* The dlopen and dlmopen that libvgpu's (doorhooks.c) hand on to: the next definition after this
+ * library; never NULL once the C library is found. */
+typedef void *(*vgpu_dlopen_fn)(const char *, int);
+typedef void *(*vgpu_dlmopen_fn)(Lmid_t, const char *, int);
+vgpu_dlopen_fn vgpu_real_dlopen(void);
+vgpu_dlmopen_fn vgpu_real_dlmopen(void);
 /* The object's own definition of the dynamic symbol `name` (its hash table, no search scope, any
  * namespace), or NULL. */
 struct link_map;

@@ -22,8 +22,16 @@
  *                             procaddr (cuGetProcAddress_v2 at CUDA 13.0); prints "legacy <CUresult>"
  *   async_on <dev> <bytes>    cuMemAllocAsync on a stream made on device <dev>, with the context of
  *                             device 0 current (the driver takes the memory on <dev>)
- *   deep <path> <bytes>       dlopen(<path>, RTLD_DEEPBIND) of a library linked against libcuda and
- *                             calls its deep_alloc(bytes) (a cuMemAlloc_v2 of its own)
+ *   deep <door> <path> <bytes>  loads <path>, a library linked against libcuda, with RTLD_NOW |
+ *                             RTLD_DEEPBIND and calls its deep_alloc(bytes) (a cuMemAlloc_v2 of its
+ *                             own); <door> is how: dlopen, dlmopen (LM_ID_BASE), next (the dlopen
+ *                             that libnextopen.so, preloaded after libvgpu, finds with dlsym(RTLD_NEXT))
+ *                             or a symbol version of the C library's dlopen (dlvsym)
+ *   runpath <path> <how> <mode>  dlopen(<path>) of librunpath.so, whose rp_open loads a library only
+ *                             its RUNPATH finds, with dlopen or dlmopen (<how>) and RTLD_NOW or, for
+ *                             <mode> deep, RTLD_NOW | RTLD_DEEPBIND; prints "runpath <value>" (42
+ *                             when found, -1 when not)
+ *   open <name>               dlopen(<name>, RTLD_NOW) from the program; prints "open 1" when it loads
  *   exit_hold                 registers an exit handler that outlives the library's: after
  *                             "exit", the process keeps its memory and prints "held"
  *   exit                      exit(0), running the exit handlers
@@ -106,6 +114,17 @@ static CUresult legacy_launch(const char *entry, const char *door) {
     return ((CUresult(*)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned))fn)(l, 2, 0);
 }
 
+typedef void *(*dlopen_t)(const char *, int);
+
+static void *open_deep(const char *door, const char *path) {
+    int mode = RTLD_NOW | RTLD_DEEPBIND;
+    if (!strcmp(door, "dlopen")) return dlopen(path, mode);
+    if (!strcmp(door, "dlmopen")) return dlmopen(LM_ID_BASE, path, mode);
+    dlopen_t open = !strcmp(door, "next") ? (dlopen_t)dlsym(RTLD_DEFAULT, "next_dlopen")
+                                          : (dlopen_t)dlvsym(RTLD_DEFAULT, "dlopen", door);
+    return open ? open(path, mode) : NULL;
+}
+
 static void outlive(void) {
     OUT("held 0");
     for (;;) pause();
@@ -164,9 +183,16 @@ int main(int argc, char **argv) {
             if (!r) r = cuMemAllocAsync(&p, tu_size(ARG(2)), s);
             OUT("async_on %d", r); i += 2;
         } else if (!strcmp(op, "deep")) {
-            void *h = dlopen(ARG(1), RTLD_NOW | RTLD_DEEPBIND);
+            void *h = open_deep(ARG(1), ARG(2));
             CUresult (*fn)(size_t) = h ? (CUresult(*)(size_t))dlsym(h, "deep_alloc") : NULL;
-            OUT("deep %d", fn ? fn(tu_size(ARG(2))) : CUDA_ERROR_NOT_FOUND); i += 2;
+            OUT("deep %d", fn ? fn(tu_size(ARG(3))) : CUDA_ERROR_NOT_FOUND); i += 3;
+        } else if (!strcmp(op, "runpath")) {
+            void *h = dlopen(ARG(1), RTLD_NOW);
+            int (*rp_open)(int, int) = h ? (int (*)(int, int))dlsym(h, "rp_open") : NULL;
+            int mode = RTLD_NOW | (!strcmp(ARG(3), "deep") ? RTLD_DEEPBIND : 0);
+            OUT("runpath %d", rp_open ? rp_open(mode, !strcmp(ARG(2), "dlmopen")) : -2); i += 3;
+        } else if (!strcmp(op, "open")) {
+            OUT("open %d", dlopen(ARG(1), RTLD_NOW) != NULL); i++;
         } else if (!strcmp(op, "exit_hold")) {
             atexit(outlive);
             OUT("exit_hold 0");

@@ -97,7 +97,8 @@ def test_only_entry_points_are_exported(built):
     ).stdout
     names = {ln.split()[-1] for ln in out.splitlines() if ln.strip()}
     assert "dlsym" in names and "cuMemAlloc_v2" in names and "nvmlDeviceGetMemoryInfo" in names
-    assert {n for n in names if not (n.startswith(("cu", "nvml")) or n in ("dlsym", "dlvsym"))} == set()
+    dl = {"dlsym", "dlvsym", "dlopen", "dlmopen"}
+    assert {n for n in names if not (n.startswith(("cu", "nvml")) or n in dl)} == set()
 
 
 def test_dlvsym_door_hands_out_the_wrapper(cli):

@@ -14,6 +14,7 @@ import pytest
 
 from .conftest import BUILD, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, LIBVGPU, MIB
 from .test_config_file import config
+from .test_tenant_doors import attack
 
 TARGETS = {"x86_64-linux-gnu.2.17": "Advanced Micro Devices X86-64", "aarch64-linux-gnu.2.17": "AArch64"}
 ALLOWED_NEEDED = {"libc.so.6", "libpthread.so.0", "libdl.so.2"}
@@ -57,7 +58,8 @@ def test_no_symbol_newer_than_glibc_2_17_and_no_cxx_runtime(portable, target):
     assert needed <= ALLOWED_NEEDED, needed
     exported = {ln.split()[-1] for ln in readelf("--dyn-syms", str(lib)).splitlines()
                 if " DEFAULT " in ln and " UND " not in ln and "FUNC" in ln}  # fmt: skip
-    assert {"cuMemAlloc_v2", "cuLaunchKernel", "dlsym", "dlvsym", "nvmlDeviceGetMemoryInfo"} <= exported
+    assert {"cuMemAlloc_v2", "cuLaunchKernel", "dlsym", "dlvsym", "dlopen", "dlmopen",
+            "nvmlDeviceGetMemoryInfo"} <= exported  # fmt: skip
 
 
 def test_objdump_agrees_on_x86_64(portable):
@@ -79,6 +81,17 @@ def test_x86_64_portable_build_enforces_limits(cli, portable):
     assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
     assert r.codes("dlsym_alloc") == [CUDA_ERROR_OUT_OF_MEMORY]  # door B still hooked
     assert r.op(5) == ["dlvsym", "libvgpu.so:cuMemAlloc_v2"]  # the real dlvsym found by ELF lookup
+
+
+@pytest.mark.parametrize("how", ["dlopen", "dlmopen"])
+def test_x86_64_portable_build_drops_deepbind_and_keeps_the_callers_runpath(cli, portable, how):
+    """zig's clang makes the dlopen wrapper a guaranteed tail call (musttail): glibc still sees the
+    tenant's library as the caller and searches its RUNPATH."""
+    cli.install(cli.tmp / "vgpu", lib=portable["x86_64-linux-gnu.2.17"])
+    libs = cli.build / "testlibs"
+    r = attack(cli, "init", "deep", how, str(libs / "libdeep.so"), "100m",
+               "runpath", str(libs / "runpath" / "librunpath.so"), how, "deep")  # fmt: skip
+    assert r.lines == [["init", "0"], ["deep", str(CUDA_ERROR_OUT_OF_MEMORY)], ["runpath", "42"]], r.stderr
 
 
 IMAGE = LIBVGPU.parent / "images" / "device-plugin"

@@ -12,6 +12,7 @@ import platform
 import shutil
 import struct
 import subprocess
+import sys
 
 import pytest
 
@@ -325,3 +326,55 @@ def test_an_async_allocation_is_charged_to_its_streams_card(cli):
     region = read_region(cli.cache)
     used = {d.uuid: sum(s.used[i] for s in region.slots) for i, d in enumerate(region.devices) if d.uuid}
     assert used == {CARD0: 60 * MIB, CARD1: 60 * MIB}
+
+
+class TestDeepBind:
+    """A library loaded with RTLD_DEEPBIND looks its symbols up in itself and its own dependencies
+    first: linked against libcuda.so.1, its allocations went to the driver and never through the
+    preloaded hooks (Python: ctypes.CDLL(path, mode=os.RTLD_DEEPBIND)). libvgpu drops the flag from
+    every dlopen and dlmopen, and hands its own dlopen out where a lookup finds the C library's."""
+
+    @staticmethod
+    def _lib(cli, name: str) -> str:
+        return str(cli.build / "testlibs" / name)
+
+    @pytest.mark.parametrize("door", ["dlopen", "dlmopen"])
+    def test_a_deepbound_library_is_held_to_the_limit(self, cli, door):
+        r = attack(cli, "init", "deep", door, self._lib(cli, "libdeep.so"), "100m",
+                   "deep", door, self._lib(cli, "libdeep.so"), "60m", "alloc", "8m")  # fmt: skip
+        assert r.codes("deep") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+        assert r.codes("alloc") == [CUDA_ERROR_OUT_OF_MEMORY]  # the library's 60 MiB are charged
+
+    @pytest.mark.parametrize("version", LIBC_VERSIONS)
+    def test_the_c_librarys_dlopen_by_version_drops_deepbind(self, cli, version):
+        r = attack(cli, "init", "deep", version, self._lib(cli, "libdeep.so"), "100m")
+        assert r.codes("deep") == [CUDA_ERROR_OUT_OF_MEMORY]
+
+    def test_the_next_dlopen_after_libvgpu_drops_deepbind(self, cli):
+        """dlsym(RTLD_NEXT, "dlopen") from a library preloaded after libvgpu finds the C library's."""
+        env = {"LD_PRELOAD": f"{cli.lib} {self._lib(cli, 'libnextopen.so')}"}
+        r = attack(cli, "init", "deep", "next", self._lib(cli, "libdeep.so"), "100m", env=env)
+        assert r.codes("deep") == [CUDA_ERROR_OUT_OF_MEMORY]
+
+    def test_pythons_ctypes_deepbind_is_held_to_the_limit(self, cli):
+        script = (
+            "import ctypes, os, sys\n"
+            "lib = ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_DEEPBIND)\n"
+            "lib.deep_alloc.argtypes = [ctypes.c_size_t]\n"
+            "print('init', lib.deep_init())\n"
+            "print('deep', lib.deep_alloc(100 << 20))\n"
+            "print('deep', lib.deep_alloc(60 << 20))\n"
+        )
+        p = subprocess.run([sys.executable, "-c", script, self._lib(cli, "libdeep.so")], env=cli.env(LIMIT),
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+        r = parse(p.returncode, p.stdout, p.stderr)
+        assert r.codes("init") == [CUDA_SUCCESS], p.stderr
+        assert r.codes("deep") == [CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS]
+
+    @pytest.mark.parametrize("how", ["dlopen", "dlmopen"])
+    @pytest.mark.parametrize("mode", ["now", "deep"])
+    def test_the_callers_runpath_still_finds_its_libraries(self, cli, how, mode):
+        """glibc searches the RUNPATH of the object that called dlopen: libvgpu's wrapper hands the
+        call on without becoming the caller, so a library only that RUNPATH finds still loads."""
+        r = attack(cli, "open", "librpdep.so", "runpath", self._lib(cli, "runpath/librunpath.so"), how, mode)
+        assert r.lines == [["open", "0"], ["runpath", "42"]], r.stderr  # only the RUNPATH finds it
