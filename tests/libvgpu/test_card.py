@@ -215,7 +215,9 @@ def test_a_tenant_without_a_limit_publishes_its_queued_work(cli, card_dir):
     # A 50 % tenant beside an unlimited one got 22 % on the H200: the unlimited one published
     # nothing, so the limited one charged itself the whole time both had work. Now a tenant
     # without a limit marks its queued work too (and is never paced), so the fair clock counts 2.
-    long = {"FAKE_KERNEL_US": "3000000"}
+    # Both kernels must still be queued when the second tenant has started: 10 s covers the start-up
+    # of a process on a loaded machine (3 s did not under the full suite).
+    long = {"FAKE_KERNEL_US": "10000000"}
     free = cli.popen("init", "launch", "1", "sync", "sleep", "3000", env={**tenant_env(cli, card_dir, "free"), **long})
     lim = cli.popen("init", "launch", "1", "sync", env={**tenant_env(cli, card_dir, "lim", 50), **long})
     try:
