@@ -57,8 +57,7 @@
     R(cuMemGetAllocationPropertiesFromHandle) \
     R(cuGraphGetNodes) R(cuGraphNodeGetType) R(cuGraphMemAllocNodeGetParams) R(cuGraphChildGraphNodeGetGraph) \
     R(cuCtxGetLimit) R(cuDeviceGetAttribute) R(cuMemGetAddressRange_v2) R(cuPointerGetAttribute) \
-    R(cuStreamQuery) R(cuStreamGetCtx) R(cuCtxSetCurrent) R(cuThreadExchangeStreamCaptureMode) \
-    R(cuEventCreate) R(cuEventRecord) R(cuEventQuery)
+    R(cuStreamQuery) R(cuStreamGetCtx) R(cuCtxSetCurrent) R(cuThreadExchangeStreamCaptureMode)
 
 #define VGPU_NVML_HOOKS(N) N(nvmlDeviceGetMemoryInfo) N(nvmlDeviceGetMemoryInfo_v2)
 

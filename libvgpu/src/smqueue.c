@@ -23,16 +23,6 @@
  * launch sees the device idle and marks it queued again. A launch is marked queued before the
  * driver has it, so a drain also needs every launch that entered the limiter to have come back
  * from the driver (vgpu_launches_started == vgpu_launches_done) when it began.
- *
- * The card's fair clock counts this process as sharing the card from when its work first runs,
- * not from its launch: the first launch after a drain records an event on its stream first, and
- * the process is counted once that event is complete (at once if it is when recorded, else when
- * the watcher, polling every 50 us while a start is pending, finds it so). An event on a stream
- * completes only once the context is on the card, so a tiny kernel that waits out a neighbour's
- * time slice is not counted as sharing the card while that neighbour has it to itself (it was:
- * a tenant at 50 % beside a tiny kernel every 50 ms got 58-59 % on the H200). Where no event can
- * be recorded (a stream being captured, a driver without events, an error) or the query fails,
- * the process is counted from its launch, as before.
  */
 #include <cuda.h>
 #include <pthread.h>
@@ -52,7 +42,6 @@
 #define POLL_NS 1000000ull
 #define QUIET_NS 1000000ull  /* no launch for this long before the watcher asks */
 #define TOUCH_NS 100000000ull
-#define START_POLL_NS 50000ull /* while a start is pending: 1 ms late overcharged a busy neighbour */
 
 _Atomic uint64_t vgpu_last_launch_ns, vgpu_last_drain_ns;
 _Atomic uint32_t vgpu_launches_started, vgpu_launches_done;
@@ -69,9 +58,6 @@ typedef struct {
     _Atomic uintptr_t streams[MAXS];
     CUcontext ctx;
     uint64_t last_touch;
-    _Atomic int pending; /* queued, but not counted on the card until start_ev is complete */
-    CUevent start_ev;    /* of ev_ctx; recorded before the first launch after a drain */
-    CUcontext ev_ctx;
     pthread_mutex_t mu; /* slow path of launches, drains, the watcher's questions */
 } devq_t;
 static devq_t qs[VGPU_MAX_DEVICES];
@@ -108,40 +94,6 @@ static void follow(devq_t *q, uintptr_t s) {
 
 static void *watch(void *arg);
 
-/* Caller holds q->mu, at the first launch after a drain (before the driver has it): records the
- * start marker on the launch's stream; 1 when it is recorded and not complete yet (the process is
- * counted on the card once it is), 0 to count the process now. */
-static int mark_start(devq_t *q, void *stream, int per_thread) {
-    typedef CUresult (*create_t)(CUevent *, unsigned);
-    typedef CUresult (*record_t)(CUevent, CUstream);
-    typedef CUresult (*query_t)(CUevent);
-    typedef CUresult (*cap_t)(CUstream, CUstreamCaptureStatus *);
-    typedef CUresult (*mode_t_)(CUstreamCaptureMode *);
-    create_t create = (create_t)REAL_PTR(cuEventCreate);
-    record_t record = (record_t)REAL_PTR(cuEventRecord);
-    query_t query = (query_t)REAL_PTR(cuEventQuery);
-    cap_t iscap = (cap_t)REAL_PTR(cuStreamIsCapturing);
-    mode_t_ xmode = (mode_t_)REAL_PTR(cuThreadExchangeStreamCaptureMode);
-    if (!create || !record || !query || !iscap || !xmode || !q->ctx) return 0;
-    CUstream st = stream == NULL && per_thread ? CU_STREAM_PER_THREAD : (CUstream)stream;
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (iscap(st, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) return 0; /* never into a graph */
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED; /* another thread's capture stays valid */
-    if (xmode(&mode) != CUDA_SUCCESS) return 0;
-    int pend = 0;
-    if (q->start_ev && q->ev_ctx != q->ctx) q->start_ev = NULL; /* another context's (left to it) */
-    if (!q->start_ev) {
-        if (create(&q->start_ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS) q->ev_ctx = q->ctx;
-        else q->start_ev = NULL;
-    }
-    if (q->start_ev) {
-        if (record(q->start_ev, st) == CUDA_SUCCESS) pend = query(q->start_ev) == CUDA_ERROR_NOT_READY;
-        else q->start_ev = NULL; /* its context is gone: a new one next time */
-    }
-    xmode(&mode);
-    return pend;
-}
-
 static void start_watcher(void) {
     int me = (int)getpid();
     if (atomic_load(&watcher_pid) == me) return;
@@ -172,9 +124,7 @@ void vgpu_q_launch(int rdev, void *stream, int per_thread) {
         follow(q, s);
         atomic_store(&q->queued, 1);
         q->last_touch = vgpu_now_ns();
-        /* Only the card's fair clock needs the start: without a card region, nothing is recorded. */
-        if (vgpu_card_attach(rdev) == 0 && mark_start(q, stream, per_thread)) atomic_store(&q->pending, 1);
-        else vgpu_card_queued(rdev, 1);
+        vgpu_card_queued(rdev, 1);
     } else {
         follow(q, s);
     }
@@ -191,7 +141,6 @@ static int drain_locked(devq_t *q, int rdev, uint64_t tok) {
         return 0;
     }
     atomic_store(&q->nstreams, 0);
-    atomic_store(&q->pending, 0);
     vgpu_card_queued(rdev, 0);
     return 1;
 }
@@ -253,28 +202,11 @@ static void *watch(void *arg) {
     CALL_REAL(CUresult(*)(CUstreamCaptureMode *), cuThreadExchangeStreamCaptureMode, &mode);
     CUcontext cur = NULL;
     while (!atomic_load(&exiting) && atomic_load(&watcher_pid) == (int)getpid()) {
-        int any = 0, starting = 0;
+        int any = 0;
         for (int rdev = 0; rdev < VGPU_MAX_DEVICES; rdev++) {
             devq_t *q = &qs[rdev];
             if (!atomic_load(&q->queued)) continue;
             any = 1;
-            if (atomic_load(&q->pending)) { /* counted once its work is on the card */
-                typedef CUresult (*query_t)(CUevent);
-                query_t query = (query_t)REAL_PTR(cuEventQuery);
-                pthread_mutex_lock(&q->mu);
-                if (atomic_load(&q->queued) && atomic_load(&q->pending)) {
-                    if (cur != q->ev_ctx &&
-                        CALL_REAL(CUresult(*)(CUcontext), cuCtxSetCurrent, q->ev_ctx) == CUDA_SUCCESS)
-                        cur = q->ev_ctx;
-                    if (!query || cur != q->ev_ctx || query(q->start_ev) != CUDA_ERROR_NOT_READY) { /* done, or cannot tell */
-                        atomic_store(&q->pending, 0);
-                        vgpu_card_queued(rdev, 1);
-                    } else {
-                        starting = 1;
-                    }
-                }
-                pthread_mutex_unlock(&q->mu);
-            }
             uint64_t now = vgpu_now_ns(), ll = atomic_load(&vgpu_last_launch_ns);
             if (now - q->last_touch >= TOUCH_NS) {
                 vgpu_card_touch(rdev);
@@ -289,7 +221,7 @@ static void *watch(void *arg) {
             pthread_mutex_unlock(&q->mu);
             if (ok) atomic_store(&vgpu_last_drain_ns, vgpu_now_ns());
         }
-        struct timespec ts = {0, (long)(starting ? START_POLL_NS : any ? POLL_NS : 20 * POLL_NS)};
+        struct timespec ts = {0, (long)(any ? POLL_NS : 20 * POLL_NS)};
         nanosleep(&ts, NULL);
     }
     return NULL;
@@ -329,9 +261,6 @@ static void q_after_fork(void) {
         pthread_mutex_init(&qs[i].mu, NULL);
         atomic_store(&qs[i].queued, 0); /* the parent's work is not the child's */
         atomic_store(&qs[i].nstreams, 0);
-        atomic_store(&qs[i].pending, 0);
-        qs[i].start_ev = NULL; /* the parent's context */
-        qs[i].ev_ctx = NULL;
     }
     atomic_store(&watcher_pid, 0);
     atomic_store(&vgpu_launches_started, 0); /* a launch in flight in another thread of the parent */

@@ -765,40 +765,6 @@ EXPORT CUresult cuStreamQuery(CUstream s) {
     }
     return CUDA_SUCCESS;
 }
-/* Events (the idle watcher's start marker): one is complete once the work queued on its stream
- * before it was recorded is done; while the file FAKE_EVENT_HOLD names exists none is (the
- * context waits for the card), and with FAKE_NO_EVENTS set there are none. */
-static struct { int used, phys; uint64_t target; } fake_events[64];
-EXPORT CUresult cuEventCreate(CUevent *ev, unsigned flags) {
-    COUNT(); NEED_INIT();
-    if (getenv("FAKE_NO_EVENTS")) return CUDA_ERROR_NOT_SUPPORTED;
-    for (int i = 0; i < 64; i++)
-        if (!fake_events[i].used) { fake_events[i].used = 1; *ev = (CUevent)&fake_events[i]; return CUDA_SUCCESS; }
-    return CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuEventRecord(CUevent ev, CUstream s) {
-    COUNT(); NEED_INIT();
-    int dev = stream_dev(s);
-    if (!ev || dev < 0 || dev >= nvisible) return CUDA_ERROR_INVALID_HANDLE;
-    __typeof__(&fake_events[0]) f = (void *)ev;
-    int phys = visible[dev], k = stream_slot(phys, (uintptr_t)s, 0);
-    f->phys = phys;
-    f->target = k >= 0 ? stream_tag[phys][k].finish : my_finish[phys];
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuEventQuery(CUevent ev) {
-    COUNT(); NEED_INIT();
-    __typeof__(&fake_events[0]) f = (void *)ev;
-    if (!f) return CUDA_ERROR_INVALID_HANDLE;
-    const char *hold = getenv("FAKE_EVENT_HOLD");
-    if (hold && access(hold, F_OK) == 0) return CUDA_ERROR_NOT_READY;
-    fake_engine_t *e = &fake_phys()->engine[f->phys];
-    engine_lock(e);
-    advance(e, now_ns());
-    int busy = e->vt < f->target;
-    engine_unlock(e);
-    return busy ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
-}
 EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *m) { COUNT(); *m = CU_STREAM_CAPTURE_MODE_GLOBAL; return CUDA_SUCCESS; }
 /* ---- end of the idle watcher's section ---- */
 #define LAUNCH_ARGS CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s
@@ -876,7 +842,6 @@ static const proc_t procs[] = {
     P(cuCtxCreate, 2000), P(cuCtxCreate_v2, 3020), P(cuCtxCreate_v3, 11040), P(cuCtxCreate_v4, 12050),
     P(cuCtxDestroy, 2000), P(cuCtxDestroy_v2, 4000), P(cuCtxGetCurrent, 2000),
     P(cuStreamQuery, 2000), P(cuThreadExchangeStreamCaptureMode, 10010), P(cuStreamDestroy_v2, 4000), /* idle watcher */
-    P(cuEventCreate, 2000), P(cuEventRecord, 2000), P(cuEventQuery, 2000),
     P(cuModuleLoad, 2000), P(cuModuleLoadData, 2000), P(cuModuleLoadDataEx, 2010), P(cuModuleLoadFatBinary, 2000),
     P(cuModuleUnload, 2000), P(cuLibraryLoadData, 12000), P(cuLibraryLoadFromFile, 12000), P(cuLibraryUnload, 12000),
     P(cuModuleGetFunction, 2000), P(cuLibraryGetKernel, 12000), P(cuLibraryGetModule, 12000), P(cuKernelGetFunction, 12000),

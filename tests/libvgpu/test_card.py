@@ -306,35 +306,6 @@ def wait_open(card_dir, sm, want, seconds=4.0):
     return open_of(card_dir, sm)
 
 
-def test_a_tenant_whose_work_waits_for_the_card_is_counted_once_it_runs(cli, card_dir):
-    # The fake's event stays incomplete while the hold file exists, as a real one does while the
-    # context waits out a neighbour's time slice: the tenant has work queued but is not counted as
-    # sharing the card (before, it was from its launch on); once the event completes, it is.
-    hold = cli.tmp / "hold"
-    hold.touch()
-    env = {**tenant_env(cli, card_dir, "waits", 50), "FAKE_KERNEL_US": "2000000", "FAKE_EVENT_HOLD": str(hold)}
-    p = cli.popen("init", "launch", "1", "sleep", "5000", env=env)
-    try:
-        wait_line(p, "launch")
-        assert wait_open(card_dir, 50, 1, seconds=0.5) == 0
-        hold.unlink()
-        assert wait_open(card_dir, 50, 1) == 1
-    finally:
-        p.kill()
-        p.wait()
-
-
-def test_without_events_a_tenant_is_counted_from_its_launch(cli, card_dir):
-    env = {**tenant_env(cli, card_dir, "noev", 50), "FAKE_KERNEL_US": "2000000", "FAKE_NO_EVENTS": "1"}
-    p = cli.popen("init", "launch", "1", "sleep", "5000", env=env)
-    try:
-        wait_line(p, "launch")
-        assert wait_open(card_dir, 50, 1) == 1
-    finally:
-        p.kill()
-        p.wait()
-
-
 def test_one_stream_of_four_synchronised_leaves_the_tenant_sharing_the_card(cli, card_dir):
     # The 4-stream tenant of the H200 benchmark synchronises each of its streams in turn. A stream
     # synchronisation says nothing about the other streams' work, so while one of them still has
