@@ -15,11 +15,15 @@
  * under different tenant keys; each queues its work (vgpu_card_queued on) when it
  * launches and drains it (off) when its work is done, as a synchronisation would.
  *
- * Usage: t_cardmodel <card dir> sparse|heavy
+ * Usage: t_cardmodel <card dir> sparse|heavy [DELAY_US]
  *   Tenant A: steps of 6.6 ms of work back to back (50 us apart) for 250 ms, then 250 ms without
  *   work (a tenant at 50 %), for 4 s; its charge is taken at the end of each 250 ms of work.
  *   sparse:  B launches 0.1 ms of work every 50 ms.
  *   heavy:   B runs steps of 6.6 ms back to back (an unlimited tenant).
+ *   DELAY_US: a design check, not the library: each tenant is counted as active from DELAY_US
+ *   after the card first ran its queued work, not from its launch (what a marker recorded on the
+ *   stream before the first kernel, and polled, would give: it completes only once the tenant's
+ *   context is on the card), so a kernel waiting out the other tenant's time slice is not counted.
  * Prints "<tenant> fair <ns> wall <ns> got <ns>": what vgpu_card_take returned over the run,
  * and the card time the tenant's work was given.
  */
@@ -50,6 +54,8 @@ void vgpu_on_fork_child(void (*fn)(void)) {}
 
 typedef struct {
     int on;                      /* work queued (between launch and drain) */
+    int counted;                 /* marked queued on the card (at launch, or DELAY_US after it ran) */
+    uint64_t ran_at;             /* when the card first ran this interval's work (0: not yet) */
     uint64_t rem, next, work, gap;
     uint64_t fair, wall, got;
 } tenant_t;
@@ -62,7 +68,9 @@ static void take(int who, tenant_t *t) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) { fprintf(stderr, "usage: t_cardmodel <card dir> sparse|heavy\n"); return 2; }
+    if (argc != 3 && argc != 4) { fprintf(stderr, "usage: t_cardmodel <card dir> sparse|heavy [DELAY_US]\n"); return 2; }
+    int at_run = argc == 4;
+    uint64_t delay = at_run ? strtoull(argv[3], NULL, 10) * 1000ull : 0;
     setenv("LIBVGPU_CARD_DIR", argv[1], 1);
     vgpu_region = calloc(1, sizeof *vgpu_region);
     for (int i = 0; i < 2; i++) {
@@ -91,7 +99,9 @@ int main(int argc, char **argv) {
                 if (t->on || fake_now < t->next || (i == 0 && !phase)) continue;
                 t->on = 1;
                 t->rem = t->work;
-                vgpu_card_queued(i, 1);
+                t->ran_at = 0;
+                t->counted = !at_run;
+                if (t->counted) vgpu_card_queued(i, 1);
             }
             /* the card: the owner keeps it for its time slice, through the short gaps between its
              * steps, and gives it up when the slice ends or it has had no work for 200 us */
@@ -112,6 +122,14 @@ int main(int argc, char **argv) {
                 uint64_t d = t->rem < tick ? t->rem : tick;
                 t->rem -= d;
                 t->got += d;
+                if (!t->ran_at) t->ran_at = fake_now;
+            }
+            for (int i = 0; i < 2; i++) { /* DELAY_US: counted once its work was seen running */
+                tenant_t *t = &ts[i];
+                if (t->on && !t->counted && t->ran_at && fake_now >= t->ran_at + delay) {
+                    t->counted = 1;
+                    vgpu_card_queued(i, 1);
+                }
             }
             for (int i = 0; i < 2; i++) { /* drains: the work is done at the end of this tick */
                 tenant_t *t = &ts[i];
