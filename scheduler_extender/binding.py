@@ -137,8 +137,9 @@ class BindVerbs(VerbState):
         """
         budget = self.settings.bind_lock_wait_s
         queues = self.lock_queues
-        if budget <= 0 or self.client is None or not self._takes_lock(a):
-            await self._bind_attempt(a, token)
+        takes_lock = self.client is not None and await self._takes_lock(a)
+        if budget <= 0 or not takes_lock:
+            await self._bind_attempt(a, token, takes_lock=takes_lock)
             return
         loop = asyncio.get_running_loop()
         queues.attach(loop)
@@ -156,7 +157,7 @@ class BindVerbs(VerbState):
                     gave_up = True
                     raise
                 try:
-                    await self._bind_attempt(a, token)
+                    await self._bind_attempt(a, token, takes_lock=True)
                 except LockHeld as e:
                     held = e
                     queues.retry_later(waiter, expires_in_s=e.expires_in_s)
@@ -166,21 +167,35 @@ class BindVerbs(VerbState):
         finally:
             queues.leave(waiter, keep_place=gave_up)
 
-    def _takes_lock(self, a: BindArgs) -> bool:
-        """Whether this bind takes the node lock (`_lock_needed` on the watched copy of the pod)."""
-        return self._lock_needed(self.pod_lookup(a.pod_namespace, a.pod_name), a.pod_uid, a.node)
+    async def _takes_lock(self, a: BindArgs) -> bool:
+        """Whether this bind takes the node lock: False only for a pod of this UID whose devices'
+        plugins take none (`pod_takes_node_lock`; its device requests are in its spec, which never
+        changes). From the watch cache; for a pod the watch has not delivered yet (a slow watch: the
+        filter saw the pod, the bind follows at once), from this process's own filter decision for
+        the node, else read from the API server: a lock taken for a pod whose plugin never releases it
+        holds the node's next bind until it expires, and such a pod queued behind the lock would wait
+        for another pod's Allocate. The safe side (True) when none of them can tell."""
+        ns, name, uid = a.pod_namespace, a.pod_name, a.pod_uid
+        pod = self.pod_lookup(ns, name)
+        if pod is None or (uid and (pod.get("metadata") or {}).get("uid") != uid):
+            decided = self._lock_by_decision(uid, a.node)
+            if decided is not None:
+                return decided
+            try:
+                pod = await self.client.aget("pods", name, namespace=ns)
+            except HamiError as e:
+                log.info("pod %s/%s: not read to see whether its bind takes the node lock: %s", ns, name, e)
+                return True
+            if pod is None or (uid and (pod.get("metadata") or {}).get("uid") != uid):
+                return True
+        return pod_takes_node_lock(pod, self.state.vendors)
 
-    def _lock_needed(self, cached: dict[str, Any] | None, uid: str, node: str) -> bool:
-        """Whether binding pod `uid` to `node` takes the node lock: False only for a pod whose devices'
-        plugins take none, read from `cached` (the watched copy) when it is this UID's, or while the
-        watch has not delivered the pod yet, from this process's own filter decision for `node` (a
-        lock taken for such a pod is never released: the node's next bind waits for its expiry).
-        True without either (the safe side)."""
-        if cached is not None and (not uid or (cached.get("metadata") or {}).get("uid") == uid):
-            return pod_takes_node_lock(cached, self.state.vendors)
+    def _lock_by_decision(self, uid: str, node: str) -> bool | None:
+        """Whether pod `uid`'s bind to `node` takes the node lock by this process's filter decision
+        (any decided vendor whose plugin uses it), or None without a decision for that node."""
         decided = self.state.decision(uid) if uid else None
         if decided is None or decided[0] != node or not decided[1]:
-            return True
+            return None
         vendors = self.state.vendors
         return any(vendors[v].uses_node_lock if v in vendors else True for v in decided[1])
 
@@ -216,7 +231,7 @@ class BindVerbs(VerbState):
             f"binding {who} to {a.node} failed: other pods were still waiting for the node lock; {waited}",
         )
 
-    async def _bind_attempt(self, a: BindArgs, token: int | None = None) -> None:
+    async def _bind_attempt(self, a: BindArgs, token: int | None = None, *, takes_lock: bool = True) -> None:
         """One bind attempt on the event loop; its API writes only while `token`'s leadership term
         lasts (`TermGuard`). The happy path's two writes (node lock from the watched Node, Binding) are
         the client's coroutines; the rare steps that block (reads on a stale cache, lock contention,
@@ -227,9 +242,9 @@ class BindVerbs(VerbState):
                     "not_ready", f"binding pod {a.pod_namespace}/{a.pod_name} failed: leadership ended; the "
                     "new leader will filter it again",
                 )  # fmt: skip
-            await self._bind_in_term(a)
+            await self._bind_in_term(a, takes_lock)
 
-    async def _bind_in_term(self, a: BindArgs) -> None:
+    async def _bind_in_term(self, a: BindArgs, takes_lock: bool = True) -> None:
         ns, name, uid, node = a.pod_namespace, a.pod_name, a.pod_uid, a.node
         who = f"pod {ns}/{name}"
         if not uid and self.client is not None:
@@ -270,7 +285,7 @@ class BindVerbs(VerbState):
         if self.client is None:
             return
         try:
-            if self._lock_needed(cached, uid, node):
+            if takes_lock:  # `_takes_lock`
                 # The stamp tells the device plugin which pod UID and which allocation the lock is for.
                 decided = self.state.decided_allocations(uid) if uid else {}
                 await self._lock_node(
@@ -380,7 +395,7 @@ class BindVerbs(VerbState):
         with self.inflight.lock:
             outcome = self.state.filter(pod, [node])
             if outcome.node == node:
-                self.inflight.expect(uid, outcome.annotations)
+                self.inflight.expect(uid, outcome.annotations, after=pod["metadata"].get("resourceVersion"))
         if outcome.error:
             raise BindFailure("invalid_pod", f"binding {who} to {node} failed: {outcome.error}")
         if outcome.node != node:
@@ -438,7 +453,9 @@ class BindVerbs(VerbState):
             return
         with self.inflight.lock:
             self.state.release_reservation(uid)
-            self.inflight.expect(uid, self._cleared())
+            self.inflight.expect(
+                uid, self._cleared(), after=(cached or {}).get("metadata", {}).get("resourceVersion")
+            )
         stub = {"metadata": {"namespace": a.pod_namespace, "name": a.pod_name, "uid": uid}}
         self._clear(stub, token)
 

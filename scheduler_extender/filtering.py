@@ -226,10 +226,11 @@ class FilterVerbs(VerbState):
                 meta.get("annotations") or {}
             )
             outcome, error_reason = self._decide(args)
+            seen = meta.get("resourceVersion")  # events of this version or older predate the write
             if outcome.node is not None:
-                self.inflight.expect(meta["uid"], outcome.annotations)
+                self.inflight.expect(meta["uid"], outcome.annotations, after=seen)
             elif placed_before and not outcome.error and not outcome.no_devices:
-                self.inflight.expect(meta["uid"], self._cleared())
+                self.inflight.expect(meta["uid"], self._cleared(), after=seen)
         if outcome.warnings:
             # The pod asked for a policy that does not parse; the default was used, and the user must
             # be told (a log line on the scheduler's side is not where they look).

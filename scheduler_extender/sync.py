@@ -52,17 +52,24 @@ class Inflight:
     `lock` makes "decide + reserve + expect" (the extender) and "check + apply" (the pod watch) atomic
     with respect to each other. Entries end when the matching event arrives, when the pod is deleted
     or terminal, when the write failed (`forget`), or after `ttl_s`.
+
+    An event of the pod version the decision was made from (`after`, its resourceVersion) or of an
+    older one never ends an entry: it predates our write even where it looks like it. The write that
+    clears a stale placement expects the allocation keys absent, as they are in the pod's creation
+    event; a slow watch delivering that event late would otherwise end the entry, and the late event
+    of the placement being cleared would then be counted until the clearing event arrives.
     """
 
     def __init__(self, ttl_s: float = 60.0) -> None:
         self.lock = threading.RLock()
         self.ttl_s = ttl_s
-        self._by_uid: dict[str, tuple[dict[str, str | None], float]] = {}
+        self._by_uid: dict[str, tuple[dict[str, str | None], float, int | None]] = {}
 
-    def expect(self, uid: str, annotations: Mapping[str, str | None]) -> None:
-        """Our write of `annotations` (None = key removed) to pod `uid` is on its way."""
+    def expect(self, uid: str, annotations: Mapping[str, str | None], *, after: object = None) -> None:
+        """Our write of `annotations` (None = key removed) to pod `uid` is on its way; `after`: the
+        resourceVersion of the pod the write was decided from (None: unknown)."""
         with self.lock:
-            self._by_uid[uid] = (dict(annotations), time.monotonic())
+            self._by_uid[uid] = (dict(annotations), time.monotonic(), _revision(after))
 
     def forget(self, uid: str) -> None:
         with self.lock:
@@ -86,10 +93,12 @@ class Inflight:
             entry = self._by_uid.get(uid)
             if entry is None:
                 return True
-            expected, since = entry
+            expected, since, after = entry
             annos = meta.get("annotations") or {}
+            revision = _revision(meta.get("resourceVersion"))
+            ours = after is None or revision is None or revision > after
             if (
-                all(annos.get(k) == v for k, v in expected.items())
+                (ours and all(annos.get(k) == v for k, v in expected.items()))
                 or pods.is_terminal(pod)
                 or time.monotonic() - since > self.ttl_s
             ):
@@ -97,6 +106,14 @@ class Inflight:
                 return True
             # Not placed at all (e.g. the creation event, late): harmless, the state keeps the reservation.
             return NODE_ASSIGNED not in annos
+
+
+def _revision(resource_version: object) -> int | None:
+    """A resourceVersion as a number to order pod versions by (etcd's revision, which every API
+    server writes), or None where it is not one: then annotations alone decide (`Inflight.admits`)."""
+    if not isinstance(resource_version, str) or not resource_version.isdigit():
+        return None
+    return int(resource_version)
 
 
 def _node_inputs(node: dict[str, Any]) -> tuple[Any, Any]:

@@ -27,8 +27,10 @@ class Fault:
     method (GET, POST, ...); `resource` a plural (``pods``); `subresource` (``binding``, ``status``; None
     matches any, ``""`` only the main resource); `name`/`namespace`; `path` a regex searched in the URL
     path. Unset fields match anything.
-    Effect: wait `delay_s` (with `status` None the request then proceeds normally), then answer
-    `status` with a Status body (and ``Retry-After`` for 429), or stall for `hang_s` and answer 504.
+    Effect: wait until `gate` is set (a `threading.Event`: a test holds a request back exactly as long
+    as it needs to, however slow the machine), then `delay_s` (with `status` None the request then
+    proceeds normally), then answer `status` with a Status body (and ``Retry-After`` for 429), or stall
+    for `hang_s` and answer 504.
     """
 
     verb: str | None = None
@@ -43,6 +45,7 @@ class Fault:
     delay_s: float = 0.0
     hang_s: float | None = None
     retry_after_s: int = 1
+    gate: threading.Event | None = None
     hits: int = 0
 
     def matches(

@@ -178,6 +178,8 @@ class ApiRoutes:
             path,
         )
         if fault is not None:
+            while fault.gate is not None and not fault.gate.is_set():
+                await asyncio.sleep(0.01)
             if fault.delay_s:
                 await asyncio.sleep(fault.delay_s)
             if fault.hang_s is not None:
@@ -403,7 +405,7 @@ class ApiRoutes:
         if path == "/_fake/faults" and method == "POST":
             body = await self._body(request)
             try:
-                fault = Fault(**{k: v for k, v in body.items() if k != "hits"})
+                fault = Fault(**{k: v for k, v in body.items() if k not in ("hits", "gate")})
             except TypeError as e:
                 raise bad_request(f"fault: {e}") from None
             self.faults.add(fault)

@@ -445,3 +445,34 @@ async def test_a_late_creation_event_does_not_bring_back_a_cleared_allocation(
     await eventually(lambda: len(extender.inflight) == 0, what="events applied")
     assert extender.state.pod_node(pod["metadata"]["uid"]) is None
     assert extender.state.usage_snapshot()["node1"] == {}
+
+
+async def test_a_late_creation_event_does_not_take_the_clearing_writes_place(
+    fake_apiserver, extender, session
+) -> None:
+    # The creation event (no allocation) predates the clearing write although it looks like it: taken
+    # for it, the expectation ends and the late placement event after it is counted until the
+    # clearing event arrives (a test that waits for the expectation to end reads the stale count).
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    sync = extender.runtime.sync
+    sync._lock.acquire()  # the pod watch stalls: every event of this pod arrives after both filters
+    try:
+        pod = create_pod(api, gpu_pod("slow", mem=1000, cores=10))
+        created = api.store.get("pods", "slow", namespace="default")
+        assert (await sched.filter(pod, ["node1"]))["NodeNames"] == ["node1"]
+        placed = api.store.get("pods", "slow", namespace="default")
+        big = {**pod, "spec": {**pod["spec"], "containers": [dict(pod["spec"]["containers"][0])]}}
+        big["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "3"}}  # nowhere
+        assert (await sched.filter(big, ["node1", "node2"]))["NodeNames"] == []
+        cleared = api.store.get("pods", "slow", namespace="default")
+        uid = pod["metadata"]["uid"]
+        sync._pod_event(created)
+        assert uid in extender.inflight  # still waiting for the clearing write
+        sync._pod_event(placed)
+        assert extender.state.pod_node(uid) is None
+        assert extender.state.usage_snapshot()["node1"] == {}
+        sync._pod_event(cleared)
+        assert uid not in extender.inflight
+        assert extender.state.pod_node(uid) is None
+    finally:
+        sync._lock.release()

@@ -159,4 +159,43 @@ async def test_a_pod_that_takes_no_node_lock_binds_at_once_while_others_wait_for
     assert await asyncio.wait_for(sched.bind(mlu, "mix"), 10) == {"Error": ""}
     assert api.store.get("pods", "mlu", namespace="default")["spec"]["nodeName"] == "mix"
     assert extender.lock_queues.waiting("mix") == 1 and not waiting.done()
-    waiting.cancel()
+    # nv2 leaves the queue at once when deleted (cancelling the request would leave the extender's
+    # bind waiting out its 25 s, and the fixture's stop with it).
+    api.store.delete("pods", "nv2", namespace="default")
+    assert await asyncio.wait_for(waiting, 10) == {
+        "Error": "binding pod default/nv2 to mix failed: the pod was deleted while waiting for the node lock"
+    }
+
+
+async def test_a_pod_that_takes_no_node_lock_binds_at_once_before_the_watch_delivers_it(
+    fake_apiserver, extender, session
+) -> None:
+    # A slow pod watch: the Cambricon pod is filtered and bound before its creation event arrives, so
+    # the watch cache does not have it; its bind must still take no lock, not queue behind nv2.
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    holder, waiter = (create_pod(api, pod(n, container("c", ONE_SHARE["NVIDIA"][0]))) for n in ("nv1", "nv2"))
+    for p in (holder, waiter):
+        assert (await sched.filter(p, ["mix"]))["NodeNames"] == ["mix"]
+    assert await sched.bind(holder, "mix") == {"Error": ""}
+    waiting = asyncio.create_task(sched.bind(waiter, "mix"))
+    await eventually(lambda: extender.lock_queues.waiting("mix") == 1, what="nv2 waiting for the lock")
+    sync = extender.runtime.sync
+    sync._lock.acquire()  # the pod watch stalls in the callback of the next pod event
+    try:
+        create_pod(api, pod("first", container("c", ONE_SHARE["MLU"][0])))
+        await eventually(lambda: sync.cached_pod("default", "first") is not None, what="the watch stalled")
+        mlu = create_pod(api, pod("mlu", container("c", ONE_SHARE["MLU"][0])))
+        assert (await sched.filter(mlu, ["mix"]))["NodeNames"] == ["mix"]
+        assert sync.cached_pod("default", "mlu") is None
+        # Within the 25 s --bind-lock-wait by far: a bind that queued would still be waiting here.
+        assert await asyncio.wait_for(sched.bind(mlu, "mix"), 10) == {"Error": ""}
+        assert api.store.get("pods", "mlu", namespace="default")["spec"]["nodeName"] == "mix"
+        assert extender.lock_queues.waiting("mix") == 1 and not waiting.done()
+    finally:
+        sync._lock.release()
+    # nv2 leaves the queue at once when deleted (cancelling the request would leave the extender's
+    # bind waiting out its 25 s, and the fixture's stop with it).
+    api.store.delete("pods", "nv2", namespace="default")
+    assert await asyncio.wait_for(waiting, 10) == {
+        "Error": "binding pod default/nv2 to mix failed: the pod was deleted while waiting for the node lock"
+    }
