@@ -19,6 +19,7 @@ import aiohttp
 
 from hami import annotations as A
 from kubefakes.apiserver import FakeApiServer
+from kubefakes.apiserver.status import ApiStatusError
 from scheduler_extender.cli import Server, parse_args
 
 
@@ -157,4 +158,17 @@ def dp_allocated(api: FakeApiServer, pod: Mapping[str, Any], node: str) -> None:
         {"metadata": {"annotations": {A.BIND_PHASE: "success", A.NVIDIA_TO_ALLOCATE: emptied}}},
         namespace=meta["namespace"],
     )
-    api.store.patch("nodes", node, {"metadata": {"annotations": {A.NODE_LOCK: None}}})
+    # Only its own lock (HAMi's ReleaseNodeLock checks the owner): the extender may already have taken
+    # over a lock whose owner reached bind-phase success, and that lock is the next pod's now.
+    while True:
+        current_node = api.store.get("nodes", node)
+        lock = (current_node["metadata"].get("annotations") or {}).get(A.NODE_LOCK)
+        if lock is None or ("," in lock and not lock.endswith(f",{meta['namespace']},{meta['name']}")):
+            return
+        del current_node["metadata"]["annotations"][A.NODE_LOCK]
+        try:
+            api.store.update("nodes", current_node)  # the resourceVersion check: never a newer lock
+            return
+        except ApiStatusError as e:
+            if e.code != 409:
+                raise
