@@ -141,30 +141,41 @@ async def test_quota_per_vendor(fake_apiserver, extender, session, cw, resource,
     assert "ResourceQuotaNotFit" in result["FailedNodes"][target]
 
 
-async def test_a_pod_that_takes_no_node_lock_binds_at_once_while_others_wait_for_it(
-    fake_apiserver, extender, session
-) -> None:
-    # On "mix" an NVIDIA pod holds the node lock (its Allocate has not run) and another waits for
-    # it; a Cambricon pod's plugin takes no lock, so its bind neither waits nor queues behind them.
-    api, sched = fake_apiserver, Scheduler(session, extender.url)
+async def nv2_waiting_for_mix(api: FakeApiServer, sched: Scheduler, extender) -> asyncio.Task:  # type: ignore[no-untyped-def]
+    """On "mix" an NVIDIA pod (nv1) holds the node lock, its Allocate not run, and nv2's bind waits
+    for it; returns that bind's task (end it with `nv2_deleted`)."""
     holder, waiter = (create_pod(api, pod(n, container("c", ONE_SHARE["NVIDIA"][0]))) for n in ("nv1", "nv2"))
     for p in (holder, waiter):
         assert (await sched.filter(p, ["mix"]))["NodeNames"] == ["mix"]
     assert await sched.bind(holder, "mix") == {"Error": ""}
     waiting = asyncio.create_task(sched.bind(waiter, "mix"))
     await eventually(lambda: extender.lock_queues.waiting("mix") == 1, what="nv2 waiting for the lock")
+    return waiting
+
+
+async def nv2_deleted(api: FakeApiServer, waiting: asyncio.Task) -> None:
+    """nv2 leaves the queue at once when deleted (cancelling the request would leave the extender's
+    bind waiting out its 25 s, and the fixture's stop with it)."""
+    api.store.delete("pods", "nv2", namespace="default")
+    assert await asyncio.wait_for(waiting, 10) == {
+        "Error": "binding pod default/nv2 to mix failed: the pod was deleted while waiting for the node lock"
+    }
+
+
+async def test_a_pod_that_takes_no_node_lock_binds_at_once_while_others_wait_for_it(
+    fake_apiserver, extender, session
+) -> None:
+    # On "mix" an NVIDIA pod holds the node lock (its Allocate has not run) and another waits for
+    # it; a Cambricon pod's plugin takes no lock, so its bind neither waits nor queues behind them.
+    api, sched = fake_apiserver, Scheduler(session, extender.url)
+    waiting = await nv2_waiting_for_mix(api, sched, extender)
     mlu = create_pod(api, pod("mlu", container("c", ONE_SHARE["MLU"][0])))
     assert (await sched.filter(mlu, ["mix"]))["NodeNames"] == ["mix"]
     # Within the 25 s --bind-lock-wait by far: a bind that queued would still be waiting here.
     assert await asyncio.wait_for(sched.bind(mlu, "mix"), 10) == {"Error": ""}
     assert api.store.get("pods", "mlu", namespace="default")["spec"]["nodeName"] == "mix"
     assert extender.lock_queues.waiting("mix") == 1 and not waiting.done()
-    # nv2 leaves the queue at once when deleted (cancelling the request would leave the extender's
-    # bind waiting out its 25 s, and the fixture's stop with it).
-    api.store.delete("pods", "nv2", namespace="default")
-    assert await asyncio.wait_for(waiting, 10) == {
-        "Error": "binding pod default/nv2 to mix failed: the pod was deleted while waiting for the node lock"
-    }
+    await nv2_deleted(api, waiting)
 
 
 async def test_a_pod_that_takes_no_node_lock_binds_at_once_before_the_watch_delivers_it(
@@ -173,12 +184,7 @@ async def test_a_pod_that_takes_no_node_lock_binds_at_once_before_the_watch_deli
     # A slow pod watch: the Cambricon pod is filtered and bound before its creation event arrives, so
     # the watch cache does not have it; its bind must still take no lock, not queue behind nv2.
     api, sched = fake_apiserver, Scheduler(session, extender.url)
-    holder, waiter = (create_pod(api, pod(n, container("c", ONE_SHARE["NVIDIA"][0]))) for n in ("nv1", "nv2"))
-    for p in (holder, waiter):
-        assert (await sched.filter(p, ["mix"]))["NodeNames"] == ["mix"]
-    assert await sched.bind(holder, "mix") == {"Error": ""}
-    waiting = asyncio.create_task(sched.bind(waiter, "mix"))
-    await eventually(lambda: extender.lock_queues.waiting("mix") == 1, what="nv2 waiting for the lock")
+    waiting = await nv2_waiting_for_mix(api, sched, extender)
     sync = extender.runtime.sync
     sync._lock.acquire()  # the pod watch stalls in the callback of the next pod event
     try:
@@ -193,9 +199,4 @@ async def test_a_pod_that_takes_no_node_lock_binds_at_once_before_the_watch_deli
         assert extender.lock_queues.waiting("mix") == 1 and not waiting.done()
     finally:
         sync._lock.release()
-    # nv2 leaves the queue at once when deleted (cancelling the request would leave the extender's
-    # bind waiting out its 25 s, and the fixture's stop with it).
-    api.store.delete("pods", "nv2", namespace="default")
-    assert await asyncio.wait_for(waiting, 10) == {
-        "Error": "binding pod default/nv2 to mix failed: the pod was deleted while waiting for the node lock"
-    }
+    await nv2_deleted(api, waiting)
